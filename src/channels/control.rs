@@ -1,0 +1,260 @@
+//! Control-connection messages and their framing: a 4-byte little-endian length, then the
+//! message as JSON. JSON keeps the control channel debuggable with a packet capture; it
+//! carries metadata only (bulk data goes over data channels), so its cost is negligible.
+
+use serde::{Deserialize, Serialize};
+
+use super::manifest::Entry;
+use super::Digest;
+
+/// Largest control frame accepted; larger announced lengths are treated as a protocol error.
+pub const MAX_CONTROL_FRAME: u32 = 16 << 20;
+
+/// Protocol version carried in every request; a server refuses versions it does not speak.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Every message of the control connection, in both directions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Message {
+    /// Client → server, first message: what this session is for.
+    Request(Request),
+    /// Server → client: the request is accepted; open `channels` data channels now.
+    Accepted {
+        /// Number of data channels the client must join.
+        channels: u16,
+    },
+    /// Sender → receiver: part of the manifest (sent in chunks so data can start early).
+    Manifest {
+        /// Files and directories announced by this chunk.
+        entries: Vec<Entry>,
+        /// True on the final chunk.
+        last: bool,
+    },
+    /// Receiver → sender: what to send of the files of one manifest chunk.
+    Plan {
+        /// One plan per file of the chunk (directories need none).
+        files: Vec<FilePlan>,
+    },
+    /// Sender → receiver: the BLAKE3 digest of every block of a file, in block order.
+    Sealed {
+        /// File identifier.
+        file: u32,
+        /// Per-block BLAKE3 digests.
+        digests: Vec<Digest>,
+    },
+    /// Receiver → sender: a block arrived damaged or did not match its digest: send it again.
+    Nack {
+        /// File identifier.
+        file: u32,
+        /// Block index within the file.
+        block: u64,
+    },
+    /// Receiver → sender: the file is complete, verified and under its final name.
+    FileDone {
+        /// File identifier.
+        file: u32,
+    },
+    /// Either side: the session failed; the text says why. The connection closes after it.
+    Abort {
+        /// Human-readable reason.
+        message: String,
+    },
+}
+
+/// What a client asks of a server.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Request {
+    /// Must equal [`PROTOCOL_VERSION`].
+    pub version: u32,
+    /// Push, pull or bench.
+    pub op: Operation,
+    /// Number of data channels.
+    pub channels: u16,
+    /// Block size in bytes.
+    pub block_size: u32,
+    /// Per-channel pacing cap (bytes/s) for whichever side sends.
+    pub pace_bps: Option<u64>,
+}
+
+/// The operation of a session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Operation {
+    /// Client sends files into `dest` on the server.
+    Push {
+        /// Destination path relative to the server root.
+        dest: String,
+        /// Number of top-level sources (more than one requires `dest` to be a directory).
+        sources: u32,
+    },
+    /// Client fetches `sources` from the server.
+    Pull {
+        /// Source paths relative to the server root.
+        sources: Vec<String>,
+        /// Descend into directories.
+        recursive: bool,
+    },
+    /// Memory-to-memory: generated data, discarded on arrival.
+    Bench {
+        /// Who sends.
+        direction: BenchDirection,
+        /// Stop after this many bytes (if set).
+        bytes: Option<u64>,
+        /// Stop after this many seconds (if set).
+        seconds: Option<f64>,
+    },
+}
+
+/// Direction of a bench session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BenchDirection {
+    /// Client sends, server discards.
+    Upload,
+    /// Server sends, client discards.
+    Download,
+}
+
+/// The receiver's decision for one file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilePlan {
+    /// File identifier.
+    pub file: u32,
+    /// What to do.
+    pub action: PlanAction,
+}
+
+/// Send everything, send what is missing, or nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlanAction {
+    /// The destination already holds this file (same size and mtime): skip it.
+    Skip,
+    /// Send every block except `have`, which the receiver's restart journal holds already.
+    Send {
+        /// Block indices already durable at the receiver.
+        have: Vec<u64>,
+    },
+}
+
+/// Why control bytes could not be decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// The announced frame length exceeds [`MAX_CONTROL_FRAME`].
+    #[error("control frame of {0} bytes exceeds the limit")]
+    TooLong(u32),
+    /// The frame is not a valid message.
+    #[error("malformed control message: {0}")]
+    Malformed(#[from] serde_json::Error),
+}
+
+/// Encodes a message with its length prefix.
+pub fn encode(msg: &Message) -> Vec<u8> {
+    let mut out = vec![0u8; 4];
+    serde_json::to_writer(&mut out, msg).expect("messages always serialize");
+    let len = (out.len() - 4) as u32;
+    out[..4].copy_from_slice(&len.to_le_bytes());
+    out
+}
+
+/// Decodes the first message in `buf`. Returns `Ok(None)` when more bytes are needed, or the
+/// message and how many bytes it used.
+pub fn decode(buf: &[u8]) -> Result<Option<(Message, usize)>, ControlError> {
+    let Some(len) = frame_len(buf)? else {
+        return Ok(None);
+    };
+    let end = 4 + len as usize;
+    if buf.len() < end {
+        return Ok(None);
+    }
+    Ok(Some((serde_json::from_slice(&buf[4..end])?, end)))
+}
+
+/// Reads the length prefix, validating it; `Ok(None)` when fewer than 4 bytes are present.
+pub fn frame_len(buf: &[u8]) -> Result<Option<u32>, ControlError> {
+    if buf.len() < 4 {
+        return Ok(None);
+    }
+    let len = u32::from_le_bytes(buf[..4].try_into().expect("4 bytes"));
+    if len > MAX_CONTROL_FRAME {
+        return Err(ControlError::TooLong(len));
+    }
+    Ok(Some(len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channels::manifest::EntryKind;
+
+    fn samples() -> Vec<Message> {
+        vec![
+            Message::Request(Request {
+                version: PROTOCOL_VERSION,
+                op: Operation::Pull {
+                    sources: vec!["a b/c".into()],
+                    recursive: true,
+                },
+                channels: 16,
+                block_size: 4 << 20,
+                pace_bps: Some(1 << 40),
+            }),
+            Message::Accepted { channels: 4 },
+            Message::Manifest {
+                entries: vec![Entry {
+                    id: 1,
+                    path: "x/é".into(),
+                    mode: 0o644,
+                    mtime_ns: -5,
+                    kind: EntryKind::File { size: u64::MAX },
+                }],
+                last: true,
+            },
+            Message::Plan {
+                files: vec![FilePlan {
+                    file: 1,
+                    action: PlanAction::Send { have: vec![0, 9] },
+                }],
+            },
+            Message::Sealed {
+                file: 1,
+                digests: vec![Digest([7; 32])],
+            },
+            Message::Nack { file: 1, block: 3 },
+            Message::FileDone { file: 1 },
+            Message::Abort {
+                message: "disk full".into(),
+            },
+        ]
+    }
+
+    #[test]
+    fn round_trips_byte_by_byte() {
+        let mut stream = Vec::new();
+        for m in samples() {
+            stream.extend(encode(&m));
+        }
+        // Feed one byte at a time: decode must wait for whole frames.
+        let mut got = Vec::new();
+        let mut buf = Vec::new();
+        for b in stream {
+            buf.push(b);
+            if let Some((m, used)) = decode(&buf).unwrap() {
+                buf.drain(..used);
+                got.push(m);
+            }
+        }
+        assert_eq!(got, samples());
+        assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn rejects_huge_and_malformed_frames() {
+        let mut b = (MAX_CONTROL_FRAME + 1).to_le_bytes().to_vec();
+        assert!(matches!(decode(&b), Err(ControlError::TooLong(_))));
+        b = 3u32.to_le_bytes().to_vec();
+        b.extend_from_slice(b"{x}");
+        assert!(matches!(decode(&b), Err(ControlError::Malformed(_))));
+    }
+}

@@ -1,0 +1,313 @@
+//! The sending side's bookkeeping, sans-IO: which blocks must go out, which digests are
+//! known, when a file can be sealed, and when the whole transfer is finished.
+//!
+//! The I/O layer feeds it manifest entries, the receiver's plans, hashed blocks, and the
+//! receiver's `Nack`/`FileDone`; it answers with [`Job`]s to run and [`Message`]s to send.
+
+use std::collections::HashMap;
+
+use super::blocks;
+use super::control::{FilePlan, Message, PlanAction};
+use super::manifest::{Entry, EntryKind};
+use super::{Digest, Violation};
+
+/// Work for a data channel: read and hash one block, and send it unless `send` is false
+/// (the receiver holds it from an earlier run; the seal must still cover it so the resumed
+/// bytes are verified too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Job {
+    /// File identifier.
+    pub file: u32,
+    /// Block index.
+    pub block: u64,
+    /// Byte offset of the block.
+    pub offset: u64,
+    /// Length of the block.
+    pub len: u32,
+    /// Send it (true) or only hash it (false).
+    pub send: bool,
+}
+
+fn job(file: u32, size: u64, block_size: u32, block: u64, send: bool) -> Job {
+    let (offset, len) = blocks::span(size, block_size, block);
+    Job {
+        file,
+        block,
+        offset,
+        len,
+        send,
+    }
+}
+
+#[derive(Debug)]
+struct SendFile {
+    size: u64,
+    digests: Vec<Option<Digest>>,
+    unknown: u64,
+    planned: bool,
+    sealed: bool,
+    done: bool,
+}
+
+/// Tracks every file of one sending session.
+#[derive(Debug)]
+pub struct SendPlanner {
+    block_size: u32,
+    files: HashMap<u32, SendFile>,
+    manifest_complete: bool,
+    finished_files: usize,
+    skipped_bytes: u64,
+    resumed_bytes: u64,
+}
+
+impl SendPlanner {
+    /// A planner cutting files into blocks of `block_size` bytes.
+    pub fn new(block_size: u32) -> Self {
+        SendPlanner {
+            block_size,
+            files: HashMap::new(),
+            manifest_complete: false,
+            finished_files: 0,
+            skipped_bytes: 0,
+            resumed_bytes: 0,
+        }
+    }
+
+    /// Registers the files of a manifest chunk the sender is about to send.
+    pub fn announce(&mut self, entries: &[Entry], last: bool) {
+        for e in entries {
+            if let EntryKind::File { size } = e.kind {
+                let n = blocks::count(size, self.block_size) as usize;
+                self.files.insert(
+                    e.id,
+                    SendFile {
+                        size,
+                        digests: vec![None; n],
+                        unknown: n as u64,
+                        planned: false,
+                        sealed: false,
+                        done: false,
+                    },
+                );
+            }
+        }
+        self.manifest_complete |= last;
+    }
+
+    fn file(&mut self, id: u32) -> Result<&mut SendFile, Violation> {
+        self.files
+            .get_mut(&id)
+            .ok_or_else(|| Violation(format!("unknown file id {id}")))
+    }
+
+    /// Applies the receiver's plan for one file: returns the jobs to queue and, for a file
+    /// with nothing to hash (empty), the seal to send at once.
+    pub fn on_plan(&mut self, plan: &FilePlan) -> Result<(Vec<Job>, Option<Message>), Violation> {
+        let bs = self.block_size;
+        let f = self.file(plan.file)?;
+        if f.planned {
+            return Err(Violation(format!("second plan for file {}", plan.file)));
+        }
+        f.planned = true;
+        let mut jobs = Vec::new();
+        match &plan.action {
+            PlanAction::Skip => {
+                f.done = true;
+                let size = f.size;
+                self.finished_files += 1;
+                self.skipped_bytes += size;
+                return Ok((jobs, None));
+            }
+            PlanAction::Send { have } => {
+                let n = f.digests.len() as u64;
+                let mut held = vec![false; n as usize];
+                for &b in have {
+                    *held
+                        .get_mut(b as usize)
+                        .ok_or_else(|| Violation(format!("plan names block {b} of {n}")))? = true;
+                }
+                for (block, &h) in held.iter().enumerate() {
+                    jobs.push(job(plan.file, f.size, bs, block as u64, !h));
+                }
+                self.resumed_bytes += jobs
+                    .iter()
+                    .filter(|j| !j.send)
+                    .map(|j| j.len as u64)
+                    .sum::<u64>();
+            }
+        }
+        let seal = self.try_seal(plan.file);
+        Ok((jobs, seal))
+    }
+
+    /// Records the digest of a block that was read (and sent, for [`Job::Send`]). Returns the
+    /// seal message once every block of the file has a digest. A re-sent block whose digest
+    /// differs from the first read means the source changed under us.
+    pub fn on_hashed(
+        &mut self,
+        file: u32,
+        block: u64,
+        digest: Digest,
+    ) -> Result<Option<Message>, Violation> {
+        let f = self.file(file)?;
+        let slot = f
+            .digests
+            .get_mut(block as usize)
+            .ok_or_else(|| Violation(format!("block {block} out of range")))?;
+        match slot {
+            Some(old) if *old != digest => {
+                return Err(Violation(format!(
+                    "source file {file} changed while it was being sent (block {block})"
+                )))
+            }
+            Some(_) => return Ok(None),
+            None => {
+                *slot = Some(digest);
+                f.unknown -= 1;
+            }
+        }
+        Ok(self.try_seal(file))
+    }
+
+    fn try_seal(&mut self, file: u32) -> Option<Message> {
+        let f = self.files.get_mut(&file)?;
+        if f.sealed || f.unknown > 0 || !f.planned {
+            return None;
+        }
+        f.sealed = true;
+        Some(Message::Sealed {
+            file,
+            digests: f.digests.iter().map(|d| d.expect("all known")).collect(),
+        })
+    }
+
+    /// The receiver wants a block again.
+    pub fn on_nack(&mut self, file: u32, block: u64) -> Result<Job, Violation> {
+        let bs = self.block_size;
+        let f = self.file(file)?;
+        if f.done || block >= f.digests.len() as u64 {
+            return Err(Violation(format!("nack for block {block} of file {file}")));
+        }
+        Ok(job(file, f.size, bs, block, true))
+    }
+
+    /// The receiver verified and committed a file.
+    pub fn on_done(&mut self, file: u32) -> Result<(), Violation> {
+        let f = self.file(file)?;
+        if f.done || !f.sealed {
+            return Err(Violation(format!("unexpected completion of file {file}")));
+        }
+        f.done = true;
+        self.finished_files += 1;
+        Ok(())
+    }
+
+    /// The digests of a finished file (for the report).
+    pub fn digests(&self, file: u32) -> Option<Vec<Digest>> {
+        let f = self.files.get(&file)?;
+        f.digests.iter().copied().collect()
+    }
+
+    /// Size and block count of a file.
+    pub fn size_of(&self, file: u32) -> Option<u64> {
+        self.files.get(&file).map(|f| f.size)
+    }
+
+    /// True when the manifest is complete and every file is committed or skipped.
+    pub fn finished(&self) -> bool {
+        self.manifest_complete && self.finished_files == self.files.len()
+    }
+
+    /// Bytes of files the receiver already had in full.
+    pub fn skipped_bytes(&self) -> u64 {
+        self.skipped_bytes
+    }
+
+    /// Bytes of partial files the receiver held from an earlier run.
+    pub fn resumed_bytes(&self) -> u64 {
+        self.resumed_bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(id: u32, size: u64) -> Entry {
+        Entry {
+            id,
+            path: format!("f{id}"),
+            mode: 0o644,
+            mtime_ns: 0,
+            kind: EntryKind::File { size },
+        }
+    }
+
+    fn send(file: u32, have: Vec<u64>) -> FilePlan {
+        FilePlan {
+            file,
+            action: PlanAction::Send { have },
+        }
+    }
+
+    #[test]
+    fn seals_after_all_blocks_and_finishes_after_done() {
+        let mut p = SendPlanner::new(4);
+        p.announce(&[entry(1, 10), entry(2, 0), entry(3, 5)], true);
+        let (jobs, seal) = p.on_plan(&send(1, vec![1])).unwrap();
+        assert_eq!(
+            jobs,
+            vec![
+                job(1, 10, 4, 0, true),
+                job(1, 10, 4, 1, false),
+                job(1, 10, 4, 2, true)
+            ]
+        );
+        assert_eq!((jobs[2].offset, jobs[2].len), (8, 2));
+        assert!(seal.is_none());
+        assert_eq!(p.resumed_bytes(), 4);
+        // Empty file: sealed at once.
+        let (jobs, seal) = p.on_plan(&send(2, vec![])).unwrap();
+        assert!(jobs.is_empty());
+        assert_eq!(
+            seal,
+            Some(Message::Sealed {
+                file: 2,
+                digests: vec![]
+            })
+        );
+        p.on_plan(&FilePlan {
+            file: 3,
+            action: PlanAction::Skip,
+        })
+        .unwrap();
+        assert_eq!(p.skipped_bytes(), 5);
+        assert!(p.on_hashed(1, 0, Digest([0; 32])).unwrap().is_none());
+        assert!(p.on_hashed(1, 2, Digest([2; 32])).unwrap().is_none());
+        let seal = p.on_hashed(1, 1, Digest([1; 32])).unwrap().unwrap();
+        assert!(matches!(seal, Message::Sealed { file: 1, ref digests } if digests.len() == 3));
+        assert_eq!(p.on_nack(1, 2).unwrap(), job(1, 10, 4, 2, true));
+        // Re-read with the same content is fine; different content is a changed source.
+        assert!(p.on_hashed(1, 2, Digest([2; 32])).unwrap().is_none());
+        assert!(p.on_hashed(1, 2, Digest([9; 32])).is_err());
+        assert!(!p.finished());
+        p.on_done(1).unwrap();
+        p.on_done(2).unwrap();
+        assert!(p.finished());
+    }
+
+    #[test]
+    fn rejects_impossible_peer_messages() {
+        let mut p = SendPlanner::new(4);
+        p.announce(&[entry(1, 10)], false);
+        assert!(p.on_plan(&send(9, vec![])).is_err());
+        assert!(p.on_plan(&send(1, vec![3])).is_err());
+        let mut p = SendPlanner::new(4);
+        p.announce(&[entry(1, 10)], true);
+        p.on_plan(&send(1, vec![])).unwrap();
+        assert!(p.on_plan(&send(1, vec![])).is_err(), "second plan");
+        assert!(p.on_done(1).is_err(), "done before sealed");
+        assert!(p.on_nack(1, 3).is_err());
+        assert!(!p.finished());
+    }
+}

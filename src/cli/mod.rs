@@ -1,0 +1,290 @@
+//! Command-line parsing and dispatch. Each subcommand maps onto one library call.
+
+mod operands;
+mod output;
+mod units;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand};
+use hsxfer::{
+    Auth, BenchDirection, Client, FaultInjection, LiveStats, Server, ServerConfig, TransferOptions,
+    TransferReport, DEFAULT_PORT,
+};
+
+use operands::Direction;
+use output::Mode;
+
+/// High-performance bulk data transfer over parallel TCP channels.
+#[derive(Parser)]
+#[command(name = "hsxfer", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve and receive files below a root directory.
+    Serve(ServeArgs),
+    /// Copy files and trees to or from a server: `copy SRC... HOST:DST` or `copy HOST:SRC... DST`.
+    Copy(CopyArgs),
+    /// Memory-to-memory throughput through the full protocol (like iperf3, for hsxfer).
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+#[group(multiple = false)]
+struct AuthArgs {
+    /// File holding the shared secret token (same file on both ends).
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// No token: allowed only when the server listens on loopback.
+    #[arg(long)]
+    no_auth: bool,
+}
+
+impl AuthArgs {
+    fn auth(&self) -> anyhow::Result<Auth> {
+        match (&self.token_file, self.no_auth) {
+            (Some(f), _) => Ok(Auth::from_token_file(f)?),
+            (None, true) => Ok(Auth::NoAuth),
+            (None, false) => bail!(
+                "no authentication chosen: give --token-file FILE (a shared secret) or --no-auth (loopback only)"
+            ),
+        }
+    }
+}
+
+/// Test-only fault injection (hidden from help).
+#[derive(Args)]
+struct FaultArgs {
+    /// Corrupt the N-th block sent after its CRC was computed.
+    #[arg(long, hide = true, value_name = "N")]
+    debug_corrupt_wire: Option<u64>,
+    /// Corrupt the N-th block sent and fix its CRC (only BLAKE3 can catch it).
+    #[arg(long, hide = true, value_name = "N")]
+    debug_corrupt_past_crc: Option<u64>,
+}
+
+impl FaultArgs {
+    fn faults(&self) -> FaultInjection {
+        FaultInjection {
+            corrupt_on_wire: self.debug_corrupt_wire,
+            corrupt_past_crc: self.debug_corrupt_past_crc,
+        }
+    }
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// Directory to serve; nothing outside it can be read or written.
+    #[arg(long, value_name = "DIR")]
+    root: PathBuf,
+    /// Address to listen on (default: 0.0.0.0, or 127.0.0.1 with --no-auth).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<IpAddr>,
+    /// TCP port for control and data channels.
+    #[arg(long, default_value_t = DEFAULT_PORT)]
+    port: u16,
+    #[command(flatten)]
+    auth: AuthArgs,
+    #[command(flatten)]
+    faults: FaultArgs,
+}
+
+#[derive(Args)]
+struct TransferArgs {
+    /// Number of parallel data channels.
+    #[arg(short = 'n', long = "channels", default_value_t = hsxfer::tuning::defaults::CHANNELS)]
+    channels: u16,
+    /// Server port.
+    #[arg(long, default_value_t = DEFAULT_PORT)]
+    port: u16,
+    /// Block size (e.g. 1M, 4M): the unit of scheduling, checking and resuming.
+    #[arg(long, value_name = "SIZE", value_parser = units::parse_size)]
+    block_size: Option<u64>,
+    /// Pace each sending channel to at most RATE bits/s (e.g. 500M, 2G).
+    #[arg(long, value_name = "RATE", value_parser = units::parse_rate)]
+    pace: Option<u64>,
+    /// Print NDJSON events (schema: docs/json.md) instead of human output.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    auth: AuthArgs,
+    #[command(flatten)]
+    faults: FaultArgs,
+}
+
+impl TransferArgs {
+    fn options(&self) -> anyhow::Result<TransferOptions> {
+        let block_size = match self.block_size {
+            Some(b) => u32::try_from(b).context("block size too large")?,
+            None => hsxfer::tuning::defaults::BLOCK_SIZE,
+        };
+        let opts = TransferOptions {
+            channels: self.channels,
+            block_size,
+            port: self.port,
+            auth: self.auth.auth()?,
+            pace: self.pace.map(|bits| bits / 8),
+            faults: self.faults.faults(),
+        };
+        opts.validate()?;
+        Ok(opts)
+    }
+
+    fn mode(&self) -> Mode {
+        if self.json {
+            Mode::Json
+        } else {
+            Mode::Human
+        }
+    }
+}
+
+#[derive(Args)]
+struct CopyArgs {
+    /// Copy directories recursively.
+    #[arg(short = 'r', long)]
+    recursive: bool,
+    #[command(flatten)]
+    transfer: TransferArgs,
+    /// Sources, then the destination; remote ones are HOST:PATH (PATH relative to the
+    /// server root; HOST may be a name, an IPv4 address or [IPv6]).
+    #[arg(required = true, num_args = 2.., value_name = "SRC... DST")]
+    operands: Vec<String>,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// Amount of data to move (e.g. 10G).
+    #[arg(long, value_name = "SIZE", value_parser = units::parse_size, conflicts_with = "time")]
+    size: Option<u64>,
+    /// Seconds to run (default 10 when --size is not given).
+    #[arg(long, value_name = "SECS")]
+    time: Option<f64>,
+    /// Server sends, client receives (default: client sends).
+    #[arg(short = 'R', long)]
+    reverse: bool,
+    #[command(flatten)]
+    transfer: TransferArgs,
+    /// The server.
+    host: String,
+}
+
+/// Entry point: runs the command and maps the outcome to an exit code (0 only when every
+/// byte arrived and was verified).
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let default_level = match cli.command {
+        Command::Serve(_) => "info",
+        _ => "warn",
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("HSXFER_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
+        )
+        .init();
+    let mode = match &cli.command {
+        Command::Copy(c) => c.transfer.mode(),
+        Command::Bench(b) => b.transfer.mode(),
+        Command::Serve(_) => Mode::Human,
+    };
+    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+    match rt.block_on(run(cli.command)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            output::error(mode, &e);
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn run(cmd: Command) -> anyhow::Result<bool> {
+    match cmd {
+        Command::Serve(a) => serve(a).await,
+        Command::Copy(a) => copy(a).await,
+        Command::Bench(a) => bench(a).await,
+    }
+}
+
+async fn serve(a: ServeArgs) -> anyhow::Result<bool> {
+    let auth = a.auth.auth()?;
+    let ip = a.listen.unwrap_or(if auth == Auth::NoAuth {
+        IpAddr::from([127, 0, 0, 1])
+    } else {
+        IpAddr::from([0, 0, 0, 0])
+    });
+    let server = Server::bind(ServerConfig {
+        root: a.root.clone(),
+        listen: SocketAddr::new(ip, a.port),
+        auth,
+        faults: a.faults.faults(),
+    })
+    .await?;
+    tracing::info!("serving {} on {}", a.root.display(), server.local_addr());
+    tokio::select! {
+        r = server.run() => r?,
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted, stopping"),
+    }
+    Ok(true)
+}
+
+async fn copy(a: CopyArgs) -> anyhow::Result<bool> {
+    let opts = a.transfer.options()?;
+    let mode = a.transfer.mode();
+    let dir = operands::direction(&a.operands).map_err(anyhow::Error::msg)?;
+    let (op, host) = match &dir {
+        Direction::Push { host, .. } => ("push", host.clone()),
+        Direction::Pull { host, .. } => ("pull", host.clone()),
+    };
+    output::start(mode, op, &host, opts.channels, opts.block_size);
+    let live = Arc::new(LiveStats::new(opts.channels as usize));
+    let client = Client::new(&host, opts);
+    let ticker = output::spawn_live(mode, live.clone());
+    let result = match dir {
+        Direction::Push { sources, dest, .. } => {
+            let sources: Vec<PathBuf> = sources.into_iter().map(PathBuf::from).collect();
+            client.push(&sources, a.recursive, &dest, &live).await
+        }
+        Direction::Pull { sources, dest, .. } => {
+            client.pull(&sources, a.recursive, &dest, &live).await
+        }
+    };
+    ticker.abort();
+    finish(mode, result?)
+}
+
+async fn bench(a: BenchArgs) -> anyhow::Result<bool> {
+    let opts = a.transfer.options()?;
+    let mode = a.transfer.mode();
+    let seconds = match (a.size, a.time) {
+        (None, None) => Some(10.0),
+        (_, t) => t,
+    };
+    let direction = if a.reverse {
+        BenchDirection::Download
+    } else {
+        BenchDirection::Upload
+    };
+    output::start(mode, "bench", &a.host, opts.channels, opts.block_size);
+    let live = Arc::new(LiveStats::new(opts.channels as usize));
+    let client = Client::new(&a.host, opts);
+    let ticker = output::spawn_live(mode, live.clone());
+    let result = client.bench(direction, a.size, seconds, &live).await;
+    ticker.abort();
+    finish(mode, result?)
+}
+
+fn finish(mode: Mode, r: TransferReport) -> anyhow::Result<bool> {
+    output::summary(mode, &r);
+    Ok(r.verified)
+}

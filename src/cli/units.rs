@@ -1,0 +1,94 @@
+//! Parsing sizes (`4M`, `2GiB`) and rates (`500M`, `10Gbit`) from the command line.
+
+/// Parses a size in bytes: a number with an optional binary suffix K, M, G, T (also written
+/// KiB, MB, …; all mean powers of 1024).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let (num, mult) = split_suffix(s, 1024)?;
+    scale(num, mult).ok_or_else(|| format!("invalid size '{s}' (examples: 4096, 64K, 4M, 2G)"))
+}
+
+/// Parses a rate in bits per second: a number with an optional decimal suffix K, M, G, T
+/// (powers of 1000), optionally followed by `bit`, `b` or `bps`.
+pub fn parse_rate(s: &str) -> Result<u64, String> {
+    let t = s
+        .trim_end_matches("bps")
+        .trim_end_matches("bit")
+        .trim_end_matches('b');
+    let (num, mult) = split_suffix(t, 1000)?;
+    scale(num, mult).ok_or_else(|| format!("invalid rate '{s}' (examples: 500M, 10G, 2.5Gbit)"))
+}
+
+fn split_suffix(s: &str, base: u64) -> Result<(&str, u64), String> {
+    let s = s.trim();
+    let t = s
+        .trim_end_matches('B')
+        .trim_end_matches('i')
+        .trim_end_matches(['k', 'K', 'm', 'M', 'g', 'G', 't', 'T']);
+    let suffix = &s[t.len()..];
+    let mult = match suffix.chars().next().map(|c| c.to_ascii_uppercase()) {
+        None | Some('B') => 1,
+        Some('K') => base,
+        Some('M') => base.pow(2),
+        Some('G') => base.pow(3),
+        Some('T') => base.pow(4),
+        _ => return Err(format!("unknown unit in '{s}'")),
+    };
+    Ok((t, mult))
+}
+
+fn scale(num: &str, mult: u64) -> Option<u64> {
+    if let Ok(n) = num.parse::<u64>() {
+        return n.checked_mul(mult);
+    }
+    let f: f64 = num.parse().ok()?;
+    let v = f * mult as f64;
+    (f.is_finite() && f >= 0.0 && v < u64::MAX as f64).then_some(v as u64)
+}
+
+/// Formats bytes with a binary unit, e.g. `1.50 GiB`.
+pub fn fmt_bytes(b: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < U.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", U[i])
+    }
+}
+
+/// Formats bits per second with a decimal unit, e.g. `9.41 Gbit/s`.
+pub fn fmt_rate(bps: f64) -> String {
+    const U: [&str; 5] = ["bit/s", "kbit/s", "Mbit/s", "Gbit/s", "Tbit/s"];
+    let mut v = bps;
+    let mut i = 0;
+    while v >= 1000.0 && i < U.len() - 1 {
+        v /= 1000.0;
+        i += 1;
+    }
+    format!("{v:.2} {}", U[i])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_rates() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("4M"), Ok(4 << 20));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_size("1.5K"), Ok(1536));
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("").is_err());
+        assert_eq!(parse_rate("500M"), Ok(500_000_000));
+        assert_eq!(parse_rate("2.5Gbit"), Ok(2_500_000_000));
+        assert_eq!(parse_rate("100Mbps"), Ok(100_000_000));
+        assert_eq!(fmt_bytes(1536), "1.50 KiB");
+        assert_eq!(fmt_rate(9.41e9), "9.41 Gbit/s");
+    }
+}

@@ -1,0 +1,185 @@
+//! Where received entries go, with `cp`/`scp` semantics:
+//!
+//! - `DST` is an existing directory (or several sources were given): each source lands
+//!   inside it, under its own name.
+//! - otherwise the single source is written *as* `DST` (a new name, or a file replaced).
+//! - `DST` is an existing character device or FIFO (e.g. `/dev/null`): the single file's
+//!   bytes are written straight into it, in order, with no temporary name.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+
+use super::root::{RootError, Scope};
+use crate::channels::manifest::check_relative;
+
+/// Why entries cannot be placed at the destination.
+#[derive(Debug, thiserror::Error)]
+pub enum DestError {
+    /// Path refused by confinement.
+    #[error(transparent)]
+    Root(#[from] RootError),
+    /// Several sources but the target is not a directory.
+    #[error("target '{0}' is not a directory")]
+    NotADirectory(String),
+    /// The parent of a new target does not exist.
+    #[error("cannot create '{0}': no such directory")]
+    NoParent(String),
+    /// A directory would replace a file, or a file a directory.
+    #[error("cannot overwrite '{0}' with an entry of another kind")]
+    KindClash(String),
+    /// A device or FIFO target takes exactly one file.
+    #[error("'{0}' is a device or FIFO: it takes exactly one file")]
+    StreamNeedsOneFile(String),
+    /// I/O error.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path.
+        path: String,
+        /// The error.
+        source: io::Error,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> DestError + '_ {
+    move |source| DestError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// How manifest paths map onto the destination.
+#[derive(Debug, Clone)]
+pub enum Layout {
+    /// Entries keep their paths inside this directory.
+    Into(PathBuf),
+    /// The top-level source is renamed to `name` inside `parent`.
+    Rename {
+        /// Existing parent directory.
+        parent: PathBuf,
+        /// New name of the top-level source.
+        name: String,
+    },
+    /// Bytes go straight into this device or FIFO.
+    Stream(PathBuf),
+}
+
+/// A resolved destination.
+#[derive(Debug, Clone)]
+pub struct Destination {
+    scope: Scope,
+    /// How paths map.
+    pub layout: Layout,
+}
+
+impl Destination {
+    /// Resolves `dst` for `sources` top-level sources within `scope`.
+    pub fn resolve(scope: Scope, dst: &str, sources: u32) -> Result<Self, DestError> {
+        let p = scope.resolve(dst)?;
+        let layout = match fs::metadata(&p) {
+            Ok(m) if m.is_dir() => Layout::Into(p),
+            Ok(m) if m.file_type().is_char_device() || m.file_type().is_fifo() => {
+                if sources != 1 || matches!(scope, Scope::Confined(_)) {
+                    return Err(DestError::StreamNeedsOneFile(dst.into()));
+                }
+                Layout::Stream(p)
+            }
+            Ok(_) | Err(_) if sources > 1 => return Err(DestError::NotADirectory(dst.into())),
+            Ok(_) => rename_layout(&p, dst)?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if dst.ends_with('/') {
+                    return Err(DestError::NoParent(dst.into()));
+                }
+                rename_layout(&p, dst)?
+            }
+            Err(e) => return Err(io_err(&p)(e)),
+        };
+        Ok(Destination { scope, layout })
+    }
+
+    /// The filesystem path for a manifest entry, checked against confinement.
+    pub fn target(&self, entry_path: &str) -> Result<PathBuf, DestError> {
+        let comps = check_relative(entry_path).map_err(RootError::from)?;
+        let Some((_, rest)) = comps.split_first() else {
+            return Err(RootError::from(crate::channels::manifest::PathError::Empty).into());
+        };
+        let mut p = match &self.layout {
+            Layout::Into(d) => d.join(comps[0]),
+            Layout::Rename { parent, name } => parent.join(name),
+            Layout::Stream(p) => return Ok(p.clone()),
+        };
+        p.extend(rest);
+        self.scope.check_inside(p.parent().unwrap_or(&p))?;
+        Ok(p)
+    }
+
+    /// Creates directory `path` if missing (mode is applied later, after its contents).
+    pub fn make_dir(&self, path: &Path) -> Result<(), DestError> {
+        if matches!(self.layout, Layout::Stream(_)) {
+            return Err(DestError::StreamNeedsOneFile(path.display().to_string()));
+        }
+        match fs::symlink_metadata(path) {
+            Ok(m) if m.is_dir() => Ok(()),
+            Ok(m) if m.file_type().is_symlink() && path.is_dir() => {
+                self.scope.check_inside(path)?;
+                Ok(())
+            }
+            Ok(_) => Err(DestError::KindClash(path.display().to_string())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                fs::create_dir(path).map_err(io_err(path))
+            }
+            Err(e) => Err(io_err(path)(e)),
+        }
+    }
+}
+
+fn rename_layout(p: &Path, dst: &str) -> Result<Layout, DestError> {
+    let parent = match p.parent() {
+        Some(x) if x.as_os_str().is_empty() => PathBuf::from("."),
+        Some(x) => x.to_path_buf(),
+        None => return Err(DestError::NoParent(dst.into())),
+    };
+    if !parent.is_dir() {
+        return Err(DestError::NoParent(dst.into()));
+    }
+    let name = p
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| DestError::NoParent(dst.into()))?;
+    Ok(Layout::Rename {
+        parent,
+        name: name.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cp_semantics() {
+        let t = tempfile::tempdir().unwrap();
+        let s = Scope::confined(t.path()).unwrap();
+        fs::create_dir(t.path().join("dir")).unwrap();
+        fs::write(t.path().join("file"), b"x").unwrap();
+        let into = Destination::resolve(s.clone(), "dir", 1).unwrap();
+        assert!(into.target("src/a").unwrap().ends_with("dir/src/a"));
+        let renamed = Destination::resolve(s.clone(), "new", 1).unwrap();
+        assert!(renamed.target("src/a").unwrap().ends_with("new/a"));
+        let replace = Destination::resolve(s.clone(), "file", 1).unwrap();
+        assert!(replace.target("src").unwrap().ends_with("file"));
+        assert!(matches!(
+            Destination::resolve(s.clone(), "file", 2),
+            Err(DestError::NotADirectory(_))
+        ));
+        assert!(matches!(
+            Destination::resolve(s.clone(), "no/such/x", 1),
+            Err(DestError::NoParent(_))
+        ));
+        assert!(into.target("../x").is_err());
+        let null = Destination::resolve(Scope::Local, "/dev/null", 1).unwrap();
+        assert!(matches!(null.layout, Layout::Stream(_)));
+        assert!(Destination::resolve(Scope::Local, "/dev/null", 2).is_err());
+    }
+}

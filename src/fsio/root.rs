@@ -1,0 +1,121 @@
+//! Confinement of a server to its root directory.
+//!
+//! Peer-supplied paths are checked lexically first ([`check_relative`]: no `..`, not
+//! absolute), then the deepest existing ancestor is canonicalized and must stay inside the
+//! canonical root, so a symlink inside the root cannot lead outside it. New files are
+//! created with `O_NOFOLLOW` under names the server picks. (A concurrent local attacker who
+//! swaps directories for symlinks between check and use is out of scope; `openat2` with
+//! `RESOLVE_BENEATH` would close that race.)
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::channels::manifest::{check_relative, PathError};
+
+/// Why a path was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum RootError {
+    /// Lexically invalid (absolute, `..`, NUL).
+    #[error(transparent)]
+    Path(#[from] PathError),
+    /// Resolves (through a symlink) outside the root.
+    #[error("path '{0}' leads outside the server root")]
+    Escapes(String),
+    /// The filesystem refused a lookup.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path looked up.
+        path: String,
+        /// The error.
+        source: io::Error,
+    },
+}
+
+/// Where a side may read and write: anywhere (the local user's own client) or only below a
+/// root (a server).
+#[derive(Debug, Clone)]
+pub enum Scope {
+    /// No confinement: paths are taken as the local user wrote them.
+    Local,
+    /// Everything must stay under this canonical directory.
+    Confined(PathBuf),
+}
+
+impl Scope {
+    /// A confined scope at `root`, which must be an existing directory.
+    pub fn confined(root: &Path) -> io::Result<Self> {
+        let canon = root.canonicalize()?;
+        if !canon.is_dir() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotADirectory,
+                format!("{} is not a directory", root.display()),
+            ));
+        }
+        Ok(Scope::Confined(canon))
+    }
+
+    /// Maps a user path to a filesystem path: as is for [`Scope::Local`]; for a confined
+    /// scope it must be relative, and it is joined to the root and checked.
+    pub fn resolve(&self, user_path: &str) -> Result<PathBuf, RootError> {
+        match self {
+            Scope::Local => Ok(PathBuf::from(user_path)),
+            Scope::Confined(root) => {
+                let mut p = root.clone();
+                for c in check_relative(user_path)? {
+                    p.push(c);
+                }
+                self.check_inside(&p)?;
+                Ok(p)
+            }
+        }
+    }
+
+    /// Checks that `p` (or, if it does not exist yet, its deepest existing ancestor) resolves
+    /// inside the root. A no-op for [`Scope::Local`].
+    pub fn check_inside(&self, p: &Path) -> Result<(), RootError> {
+        let Scope::Confined(root) = self else {
+            return Ok(());
+        };
+        let mut probe = p;
+        loop {
+            match probe.canonicalize() {
+                Ok(c) if c.starts_with(root) => return Ok(()),
+                Ok(_) => return Err(RootError::Escapes(p.display().to_string())),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => match probe.parent() {
+                    Some(parent) => probe = parent,
+                    None => return Err(RootError::Escapes(p.display().to_string())),
+                },
+                Err(source) => {
+                    return Err(RootError::Io {
+                        path: p.display().to_string(),
+                        source,
+                    })
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn symlinks_may_not_leave_the_root() {
+        let outside = tempfile::tempdir().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("d")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.path().join("out")).unwrap();
+        std::os::unix::fs::symlink("d", root.path().join("in")).unwrap();
+        let s = Scope::confined(root.path()).unwrap();
+        assert!(s.resolve("d/new-file").is_ok());
+        assert!(
+            s.resolve("in/new-file").is_ok(),
+            "a link staying inside is fine"
+        );
+        assert!(matches!(s.resolve("out/x"), Err(RootError::Escapes(_))));
+        assert!(matches!(s.resolve("out"), Err(RootError::Escapes(_))));
+        assert!(matches!(s.resolve("../x"), Err(RootError::Path(_))));
+        assert!(matches!(s.resolve("/etc/passwd"), Err(RootError::Path(_))));
+    }
+}

@@ -1,0 +1,45 @@
+//! # hsxfer
+//!
+//! High-performance bulk data transfer over N parallel TCP channels: a GridFTP-style client
+//! and server, and the library behind them.
+//!
+//! A session has one control connection and N data channels, all on the server's one port.
+//! Files are cut into blocks (4 MiB by default) that whichever channel is ready takes next,
+//! so a slow channel carries less. Every block is checked on arrival (CRC-32C) and every file
+//! end to end (BLAKE3 per block, compared with the sender's seal); damaged blocks are sent
+//! again. The receiver writes into a temporary file, keeps a restart journal of durable
+//! blocks, and renames the file only once it is complete and verified, so an interrupted
+//! transfer resumes where it stopped and a partial file never appears under its final name.
+//!
+//! ```no_run
+//! # async fn demo() -> hsxfer::Result<()> {
+//! use std::sync::Arc;
+//! use hsxfer::{Auth, Client, LiveStats, TransferOptions};
+//!
+//! let opts = TransferOptions { channels: 8, auth: Auth::NoAuth, ..Default::default() };
+//! let live = Arc::new(LiveStats::new(opts.channels as usize));
+//! let report = Client::new("127.0.0.1", opts)
+//!     .push(&["dataset".into()], true, "incoming", &live)
+//!     .await?;
+//! assert!(report.verified);
+//! # Ok(()) }
+//! ```
+//!
+//! Layout: [`channels`] is the sans-IO protocol (codecs and state machines), [`transport`]
+//! the sockets, [`fsio`] the files, [`session`] the I/O glue (client, server, engines),
+//! [`tuning`] the defaults and, later, path-dependent tuning.
+
+pub mod channels;
+pub mod error;
+pub mod fsio;
+pub mod session;
+pub mod transport;
+pub mod tuning;
+
+pub use channels::control::BenchDirection;
+pub use error::{Error, Result};
+pub use session::client::{Client, TransferOptions};
+pub use session::report::{ChannelReport, LiveStats, TransferReport};
+pub use session::sender::FaultInjection;
+pub use session::server::{Server, ServerConfig};
+pub use session::{Auth, DEFAULT_PORT};

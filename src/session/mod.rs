@@ -1,0 +1,50 @@
+//! The I/O layer of a session: it drives the sans-IO [`crate::channels`] state machines over
+//! tokio sockets and files. [`client`] and [`server`] open sessions; [`sender`] and
+//! [`receiver`] run the data plane of either role, so push, pull and bench share one code path.
+
+pub mod client;
+pub mod handshake;
+pub mod receiver;
+pub mod report;
+pub mod sender;
+pub mod server;
+pub mod source;
+pub mod wire;
+
+use crate::channels::auth::TokenKey;
+
+/// How sessions are authenticated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Auth {
+    /// A shared secret (the contents of a token file).
+    Token(Vec<u8>),
+    /// No secret: allowed only on loopback. Channels still prove their session.
+    NoAuth,
+}
+
+impl Auth {
+    /// Reads a token file; refuses an empty one.
+    pub fn from_token_file(path: &std::path::Path) -> crate::Result<Self> {
+        let t = std::fs::read(path).map_err(crate::Error::io(format!(
+            "reading token file {}",
+            path.display()
+        )))?;
+        if t.trim_ascii().is_empty() {
+            return Err(crate::Error::Usage(format!(
+                "token file {} is empty",
+                path.display()
+            )));
+        }
+        Ok(Auth::Token(t))
+    }
+
+    pub(crate) fn key(&self) -> TokenKey {
+        match self {
+            Auth::Token(t) => TokenKey::from_token(t),
+            Auth::NoAuth => TokenKey::from_token(b""),
+        }
+    }
+}
+
+/// Default TCP port of `hsxfer serve`.
+pub const DEFAULT_PORT: u16 = 7420;

@@ -1,0 +1,358 @@
+//! The receiving engine: answers each manifest chunk with a plan (skip, resume, send all),
+//! checks every arriving block (CRC-32C at once, BLAKE3 against the sender's seal), writes it
+//! at its offset, asks again for anything damaged, and commits each file under its final name
+//! once verified.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+use super::report::{LiveStats, SideOutcome};
+use super::wire::{read_header, read_payload, ControlReader, ControlWriter};
+use crate::channels::control::{FilePlan, Message, PlanAction};
+use crate::channels::manifest::{Entry, EntryKind};
+use crate::channels::receiver::{ReceiveTracker, Verdict};
+use crate::channels::{Digest, Violation};
+use crate::error::{Error, Result};
+use crate::fsio::dest::{Destination, Layout};
+use crate::fsio::ns_to_system_time;
+use crate::fsio::partial::{prepare, FileMeta, PartialFile, Prepared, StreamSink};
+
+/// Where received data goes.
+#[derive(Clone)]
+pub enum Sink {
+    /// Files under a destination.
+    Files(Destination),
+    /// Nowhere: blocks are checked and dropped (bench).
+    Discard,
+}
+
+enum Target {
+    Partial(PartialFile),
+    Stream(Mutex<StreamSink>),
+    Discard,
+}
+
+struct Shared {
+    tracker: ReceiveTracker,
+    targets: HashMap<u32, Arc<Target>>,
+}
+
+/// Everything a receiving engine needs.
+pub struct ReceiveEngine<R, W> {
+    /// Control connection, read half.
+    pub ctrl_r: ControlReader<R>,
+    /// Control connection, write half.
+    pub ctrl_w: ControlWriter<W>,
+    /// Data channels, in index order.
+    pub channels: Vec<TcpStream>,
+    /// Where data goes.
+    pub sink: Sink,
+    /// Block size of the session.
+    pub block_size: u32,
+    /// Counters.
+    pub live: Arc<LiveStats>,
+}
+
+impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
+    /// Runs the session to completion; on failure tells the peer why before returning.
+    pub async fn run(mut self) -> Result<SideOutcome> {
+        let shared = Arc::new(Mutex::new(Shared {
+            tracker: ReceiveTracker::new(self.block_size),
+            targets: HashMap::new(),
+        }));
+        let (ev_tx, ev_rx) = mpsc::unbounded_channel();
+        let mut tasks = JoinSet::new();
+        for (i, stream) in std::mem::take(&mut self.channels).into_iter().enumerate() {
+            let ch = ChannelReceiver {
+                index: i,
+                stream,
+                shared: shared.clone(),
+                events: ev_tx.clone(),
+                live: self.live.clone(),
+            };
+            tasks.spawn(ch.run());
+        }
+        drop(ev_tx);
+        match self.drive(&shared, ev_rx, &mut tasks).await {
+            Ok(out) => {
+                // The sender closes its channels once it has seen every FileDone.
+                while let Some(r) = tasks.join_next().await {
+                    r.map_err(|e| Error::Malformed(format!("channel task failed: {e}")))??;
+                }
+                Ok(out)
+            }
+            Err(e) => {
+                self.ctrl_w.abort(&e).await;
+                tasks.abort_all();
+                Err(e)
+            }
+        }
+    }
+
+    async fn drive(
+        &mut self,
+        shared: &Arc<Mutex<Shared>>,
+        mut events: mpsc::UnboundedReceiver<(u32, Verdict)>,
+        tasks: &mut JoinSet<Result<()>>,
+    ) -> Result<SideOutcome> {
+        let mut out = SideOutcome::default();
+        let mut manifest_done = false;
+        let mut pending_files = 0u64;
+        let mut dirs: Vec<(PathBuf, Entry)> = Vec::new();
+        let mut commits: JoinSet<Result<u32>> = JoinSet::new();
+        while !(manifest_done && pending_files == 0) {
+            tokio::select! {
+                msg = self.ctrl_r.expect() => match msg? {
+                    Message::Manifest { entries, last } => {
+                        manifest_done = last;
+                        let plans = self.plan(shared, entries, &mut dirs, &mut out).await?;
+                        pending_files += plans
+                            .iter()
+                            .filter(|p| p.action != PlanAction::Skip)
+                            .count() as u64;
+                        self.ctrl_w.send(&Message::Plan { files: plans }).await?;
+                    }
+                    Message::Sealed { file, digests } => {
+                        let v = lock(shared).tracker.on_sealed(file, digests)?;
+                        self.act(shared, file, v, &mut commits, &mut out).await?;
+                    }
+                    Message::Abort { message } => return Err(Error::PeerAborted(message)),
+                    other => return Err(Violation(format!("unexpected {other:?}")).into()),
+                },
+                ev = events.recv() => match ev {
+                    Some((file, verdict)) => {
+                        self.act(shared, file, verdict, &mut commits, &mut out).await?;
+                    }
+                    None => return Err(Error::PeerVanished),
+                },
+                Some(done) = commits.join_next() => {
+                    let file = done.map_err(|e| Error::Malformed(format!("commit failed: {e}")))??;
+                    lock(shared).targets.remove(&file);
+                    pending_files -= 1;
+                    self.live.file_done();
+                    self.ctrl_w.send(&Message::FileDone { file }).await?;
+                }
+                Some(r) = tasks.join_next() => {
+                    r.map_err(|e| Error::Malformed(format!("channel task failed: {e}")))??;
+                    return Err(Error::PeerVanished);
+                }
+            }
+        }
+        finish_dirs(dirs).await?;
+        out.verified = true;
+        Ok(out)
+    }
+
+    /// Handles a verdict: commit a complete file, or ask for damaged blocks again.
+    async fn act(
+        &mut self,
+        shared: &Arc<Mutex<Shared>>,
+        file: u32,
+        verdict: Verdict,
+        commits: &mut JoinSet<Result<u32>>,
+        out: &mut SideOutcome,
+    ) -> Result<()> {
+        match verdict {
+            Verdict::Pending => {}
+            Verdict::Complete { .. } => {
+                let target = lock(shared).targets.get(&file).cloned();
+                commits.spawn_blocking(move || {
+                    if let Some(Target::Partial(p)) = target.as_deref() {
+                        p.commit()
+                            .map_err(Error::io(format!("committing {}", p.target().display())))?;
+                    }
+                    Ok(file)
+                });
+            }
+            Verdict::Resend(blocks) => {
+                for block in blocks {
+                    out.blocks_resent += 1;
+                    self.ctrl_w.send(&Message::Nack { file, block }).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Decides what to do with each entry of a manifest chunk (creating directories and
+    /// opening partial files on the blocking pool) and registers the files to receive.
+    async fn plan(
+        &mut self,
+        shared: &Arc<Mutex<Shared>>,
+        entries: Vec<Entry>,
+        dirs: &mut Vec<(PathBuf, Entry)>,
+        out: &mut SideOutcome,
+    ) -> Result<Vec<FilePlan>> {
+        let sink = self.sink.clone();
+        let bs = self.block_size;
+        let prepared = tokio::task::spawn_blocking(move || prepare_chunk(&sink, entries, bs))
+            .await
+            .map_err(|e| Error::Malformed(format!("planning failed: {e}")))??;
+        let mut plans = Vec::new();
+        let mut s = lock(shared);
+        for (entry, target, prep) in prepared {
+            let EntryKind::File { size } = entry.kind else {
+                dirs.push((target, entry));
+                continue;
+            };
+            out.files += 1;
+            let action = match prep {
+                Some(Prepared::Skip) => {
+                    out.files_skipped += 1;
+                    out.bytes_skipped += size;
+                    self.live.file_done();
+                    PlanAction::Skip
+                }
+                Some(Prepared::Write { file, have }) => {
+                    let have_bytes = have.len() as u64 * bs as u64;
+                    out.bytes_resumed += have_bytes.min(size);
+                    self.live.expect_more(size.saturating_sub(have_bytes));
+                    s.tracker.expect(entry.id, size, &have);
+                    s.targets.insert(entry.id, Arc::new(Target::Partial(file)));
+                    PlanAction::Send {
+                        have: have.iter().map(|h| h.0).collect(),
+                    }
+                }
+                None => {
+                    self.live.expect_more(size);
+                    s.tracker.expect(entry.id, size, &[]);
+                    let t = match &self.sink {
+                        Sink::Files(Destination {
+                            layout: Layout::Stream(p),
+                            ..
+                        }) => Target::Stream(Mutex::new(
+                            StreamSink::open(p)
+                                .map_err(Error::io(format!("opening {}", p.display())))?,
+                        )),
+                        _ => Target::Discard,
+                    };
+                    s.targets.insert(entry.id, Arc::new(t));
+                    PlanAction::Send { have: vec![] }
+                }
+            };
+            plans.push(FilePlan {
+                file: entry.id,
+                action,
+            });
+        }
+        Ok(plans)
+    }
+}
+
+type PreparedEntry = (Entry, PathBuf, Option<Prepared>);
+
+/// Filesystem work for one manifest chunk: `None` means "stream or discard, nothing to open".
+fn prepare_chunk(sink: &Sink, entries: Vec<Entry>, bs: u32) -> Result<Vec<PreparedEntry>> {
+    let mut out = Vec::with_capacity(entries.len());
+    for e in entries {
+        let (target, prep) = match sink {
+            Sink::Discard => (PathBuf::new(), None),
+            Sink::Files(dest) => {
+                let target = dest.target(&e.path)?;
+                match e.kind {
+                    EntryKind::Dir => {
+                        dest.make_dir(&target)?;
+                        (target, None)
+                    }
+                    EntryKind::File { .. } if matches!(dest.layout, Layout::Stream(_)) => {
+                        (target, None)
+                    }
+                    EntryKind::File { size } => {
+                        let meta = FileMeta {
+                            size,
+                            mode: e.mode,
+                            mtime_ns: e.mtime_ns,
+                        };
+                        let p = prepare(&target, meta, bs)
+                            .map_err(Error::io(format!("creating {}", target.display())))?;
+                        (target, Some(p))
+                    }
+                }
+            }
+        };
+        out.push((e, target, prep));
+    }
+    Ok(out)
+}
+
+/// Applies directory modes and mtimes after their contents are in place, deepest first.
+async fn finish_dirs(mut dirs: Vec<(PathBuf, Entry)>) -> Result<()> {
+    tokio::task::spawn_blocking(move || {
+        dirs.sort_by_key(|(p, _)| std::cmp::Reverse(p.components().count()));
+        for (p, e) in dirs {
+            use std::os::unix::fs::PermissionsExt;
+            let ctx = || format!("setting attributes of {}", p.display());
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(e.mode))
+                .map_err(Error::io(ctx()))?;
+            let f = std::fs::File::open(&p).map_err(Error::io(ctx()))?;
+            f.set_modified(ns_to_system_time(e.mtime_ns))
+                .map_err(Error::io(ctx()))?;
+        }
+        Ok(())
+    })
+    .await
+    .map_err(|e| Error::Malformed(format!("directory fix-up failed: {e}")))?
+}
+
+fn lock(s: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
+    s.lock().expect("receiver state lock")
+}
+
+struct ChannelReceiver {
+    index: usize,
+    stream: TcpStream,
+    shared: Arc<Mutex<Shared>>,
+    events: mpsc::UnboundedSender<(u32, Verdict)>,
+    live: Arc<LiveStats>,
+}
+
+impl ChannelReceiver {
+    async fn run(mut self) -> Result<()> {
+        while let Some(h) = read_header(&mut self.stream).await? {
+            let (block, target) = {
+                let s = lock(&self.shared);
+                let block = s.tracker.check(&h)?;
+                (block, s.targets.get(&h.file).cloned())
+            };
+            let payload = read_payload(&mut self.stream, h.len).await?.freeze();
+            self.live.add(self.index, payload.len() as u64);
+            let shared = self.shared.clone();
+            let verdict = tokio::task::spawn_blocking(move || -> Result<Verdict> {
+                if !h.payload_intact(&payload) {
+                    return Ok(Verdict::Resend(vec![block]));
+                }
+                let digest = Digest::of(&payload);
+                if !lock(&shared).tracker.wants(h.file, block) {
+                    return Ok(Verdict::Pending);
+                }
+                let ctx = || format!("writing block {block} of file {}", h.file);
+                match target.as_deref() {
+                    Some(Target::Partial(p)) => {
+                        p.write_block(h.offset, &payload)
+                            .map_err(Error::io(ctx()))?;
+                        p.record(block, &digest).map_err(Error::io(ctx()))?;
+                    }
+                    Some(Target::Stream(s)) => s
+                        .lock()
+                        .expect("stream sink lock")
+                        .write_block(h.offset, payload)
+                        .map_err(Error::io(ctx()))?,
+                    Some(Target::Discard) | None => {}
+                }
+                Ok(lock(&shared).tracker.on_block(h.file, block, digest))
+            })
+            .await
+            .map_err(|e| Error::Malformed(format!("block writer failed: {e}")))??;
+            if verdict != Verdict::Pending {
+                let _ = self.events.send((h.file, verdict));
+            }
+        }
+        Ok(())
+    }
+}

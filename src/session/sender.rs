@@ -1,0 +1,230 @@
+//! The sending engine: announces the manifest, feeds blocks to whichever data channel is
+//! ready (work stealing: a slow channel simply takes fewer blocks), seals files with their
+//! block digests, re-sends what the receiver asks for, and finishes when every file is
+//! committed at the other end.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+use super::report::{LiveStats, SideOutcome};
+use super::source::{BlockReader, SendSource};
+use super::wire::{write_block, ControlReader, ControlWriter};
+use crate::channels::control::Message;
+use crate::channels::frame::BlockHeader;
+use crate::channels::manifest::EntryKind;
+use crate::channels::sender::{Job, SendPlanner};
+use crate::channels::{Digest, Violation};
+use crate::error::{Error, Result};
+
+/// Deliberate damage for tests of the integrity path: the n-th block sent (counting from 0
+/// over the whole session) is altered after its checks were computed.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FaultInjection {
+    /// Flip a payload byte after the CRC: caught on arrival, re-sent at once.
+    pub corrupt_on_wire: Option<u64>,
+    /// Flip a payload byte and fix up the CRC: only the end-to-end digest can catch it.
+    pub corrupt_past_crc: Option<u64>,
+}
+
+struct Hashed {
+    file: u32,
+    block: u64,
+    digest: Digest,
+}
+
+/// Everything a sending engine needs.
+pub struct SendEngine<R, W> {
+    /// Control connection, read half.
+    pub ctrl_r: ControlReader<R>,
+    /// Control connection, write half.
+    pub ctrl_w: ControlWriter<W>,
+    /// Data channels, in index order.
+    pub channels: Vec<TcpStream>,
+    /// What to send.
+    pub source: SendSource,
+    /// Block size of the session.
+    pub block_size: u32,
+    /// Counters.
+    pub live: Arc<LiveStats>,
+    /// Test-only damage.
+    pub faults: FaultInjection,
+}
+
+impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
+    /// Runs the session to completion; on failure tells the peer why before returning.
+    pub async fn run(mut self) -> Result<SideOutcome> {
+        let (jobs_tx, jobs_rx) = async_channel::unbounded();
+        let (hashed_tx, hashed_rx) = mpsc::unbounded_channel();
+        let mut tasks = JoinSet::new();
+        let counter = Arc::new(AtomicU64::new(0));
+        for (i, stream) in std::mem::take(&mut self.channels).into_iter().enumerate() {
+            let ch = ChannelSender {
+                index: i,
+                stream,
+                jobs: jobs_rx.clone(),
+                reader: self.source.reader(),
+                hashed: hashed_tx.clone(),
+                live: self.live.clone(),
+                faults: self.faults,
+                sent_blocks: counter.clone(),
+            };
+            tasks.spawn(ch.run());
+        }
+        drop(hashed_tx);
+        let result = self.drive(&jobs_tx, hashed_rx, &mut tasks).await;
+        jobs_tx.close();
+        match result {
+            Ok(out) => {
+                while let Some(r) = tasks.join_next().await {
+                    r.map_err(|e| Error::Malformed(format!("channel task failed: {e}")))??;
+                }
+                Ok(out)
+            }
+            Err(e) => {
+                self.ctrl_w.abort(&e).await;
+                tasks.abort_all();
+                Err(e)
+            }
+        }
+    }
+
+    async fn drive(
+        &mut self,
+        jobs: &async_channel::Sender<Job>,
+        mut hashed: mpsc::UnboundedReceiver<Hashed>,
+        tasks: &mut JoinSet<Result<()>>,
+    ) -> Result<SideOutcome> {
+        let mut planner = SendPlanner::new(self.block_size);
+        let mut out = SideOutcome::default();
+        let mut announced = 0u64;
+        let mut done = 0u64;
+        loop {
+            while let Some((entries, last)) = self.source.next_chunk(announced - done) {
+                for e in &entries {
+                    if let EntryKind::File { size } = e.kind {
+                        announced += 1;
+                        self.live.expect_more(size);
+                    }
+                }
+                planner.announce(&entries, last);
+                self.ctrl_w
+                    .send(&Message::Manifest { entries, last })
+                    .await?;
+            }
+            if planner.finished() {
+                break;
+            }
+            tokio::select! {
+                msg = self.ctrl_r.expect() => match msg? {
+                    Message::Plan { files } => {
+                        for p in files {
+                            let (todo, seal) = planner.on_plan(&p)?;
+                            for j in todo {
+                                let _ = jobs.send(j).await;
+                            }
+                            if let Some(s) = seal {
+                                self.ctrl_w.send(&s).await?;
+                            }
+                        }
+                    }
+                    Message::Nack { file, block } => {
+                        out.blocks_resent += 1;
+                        let _ = jobs.send(planner.on_nack(file, block)?).await;
+                    }
+                    Message::FileDone { file } => {
+                        planner.on_done(file)?;
+                        done += 1;
+                        self.live.file_done();
+                    }
+                    Message::Abort { message } => return Err(Error::PeerAborted(message)),
+                    other => return Err(Violation(format!("unexpected {other:?}")).into()),
+                },
+                h = hashed.recv() => match h {
+                    Some(h) => {
+                        if let Some(seal) = planner.on_hashed(h.file, h.block, h.digest)? {
+                            self.ctrl_w.send(&seal).await?;
+                        }
+                    }
+                    None => return Err(Error::PeerVanished),
+                },
+                Some(r) = tasks.join_next() => {
+                    r.map_err(|e| Error::Malformed(format!("channel task failed: {e}")))??;
+                    return Err(Error::PeerVanished);
+                }
+            }
+        }
+        out.files = announced;
+        out.bytes_skipped = planner.skipped_bytes();
+        out.bytes_resumed = planner.resumed_bytes();
+        out.files_skipped = announced - done;
+        out.verified = true;
+        Ok(out)
+    }
+}
+
+struct ChannelSender {
+    index: usize,
+    stream: TcpStream,
+    jobs: async_channel::Receiver<Job>,
+    reader: BlockReader,
+    hashed: mpsc::UnboundedSender<Hashed>,
+    live: Arc<LiveStats>,
+    faults: FaultInjection,
+    sent_blocks: Arc<AtomicU64>,
+}
+
+impl ChannelSender {
+    async fn run(mut self) -> Result<()> {
+        while let Ok(job) = self.jobs.recv().await {
+            let reader = self.reader.clone();
+            let ordinal = job
+                .send
+                .then(|| self.sent_blocks.fetch_add(1, Ordering::Relaxed));
+            let faults = self.faults;
+            let (header, payload, digest) = tokio::task::spawn_blocking(move || {
+                let data = reader.read(job.file, job.offset, job.len)?;
+                let digest = Digest::of(&data);
+                let mut header = BlockHeader::for_payload(job.file, job.offset, &data);
+                let data = match ordinal {
+                    Some(n) if faults.corrupt_on_wire == Some(n) => flip_first_byte(&data),
+                    Some(n) if faults.corrupt_past_crc == Some(n) => {
+                        let bad = flip_first_byte(&data);
+                        header = BlockHeader::for_payload(job.file, job.offset, &bad);
+                        bad
+                    }
+                    _ => data,
+                };
+                Ok::<_, Error>((header, data, digest))
+            })
+            .await
+            .map_err(|e| Error::Malformed(format!("block reader failed: {e}")))??;
+            if job.send {
+                write_block(&mut self.stream, &header, &payload).await?;
+                self.live.add(self.index, payload.len() as u64);
+            }
+            let h = Hashed {
+                file: job.file,
+                block: job.block,
+                digest,
+            };
+            if self.hashed.send(h).is_err() {
+                break;
+            }
+        }
+        self.stream.shutdown().await.ok();
+        Ok(())
+    }
+}
+
+fn flip_first_byte(data: &bytes::Bytes) -> bytes::Bytes {
+    let mut v = data.to_vec();
+    if let Some(b) = v.first_mut() {
+        *b ^= 0xff;
+    }
+    v.into()
+}

@@ -1,0 +1,308 @@
+//! The server: one listening port for the control connections and data channels of every
+//! session; sessions are confined to the server's root and independent of each other (a
+//! malformed or hostile connection ends only itself).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+use super::handshake;
+use super::receiver::{ReceiveEngine, Sink};
+use super::report::LiveStats;
+use super::sender::{FaultInjection, SendEngine};
+use super::source::SendSource;
+use super::wire::{ControlReader, ControlWriter};
+use super::Auth;
+use crate::channels::auth::{self, Hello, SessionId, SessionKey, TokenKey};
+use crate::channels::control::{BenchDirection, Message, Operation, Request, PROTOCOL_VERSION};
+use crate::error::{Error, Result};
+use crate::fsio::dest::Destination;
+use crate::fsio::root::Scope;
+use crate::fsio::source::SourceTree;
+use crate::session::client::{bench_limit, TransferOptions};
+use crate::transport;
+
+/// How long a server waits for all data channels of a session to join.
+pub const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Configuration of a server.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Directory the server serves and writes into; nothing outside it is reachable.
+    pub root: PathBuf,
+    /// Address and port to listen on.
+    pub listen: SocketAddr,
+    /// Authentication.
+    pub auth: Auth,
+    /// Deliberate damage to blocks this server sends, for tests of the integrity path.
+    pub faults: FaultInjection,
+}
+
+struct Pending {
+    key: SessionKey,
+    joined: Vec<bool>,
+    tx: mpsc::Sender<(u16, TcpStream)>,
+}
+
+struct State {
+    scope: Scope,
+    key: TokenKey,
+    faults: FaultInjection,
+    pending: Mutex<HashMap<SessionId, Pending>>,
+}
+
+/// A bound server; [`Server::run`] serves until the task is dropped.
+pub struct Server {
+    listener: TcpListener,
+    state: Arc<State>,
+}
+
+impl Server {
+    /// Checks the configuration and binds the port. `--no-auth` is refused unless the listen
+    /// address is loopback.
+    pub async fn bind(cfg: ServerConfig) -> Result<Server> {
+        if cfg.auth == Auth::NoAuth && !cfg.listen.ip().is_loopback() {
+            return Err(Error::Usage(format!(
+                "--no-auth is only allowed on a loopback address, not {}: give --token-file FILE",
+                cfg.listen.ip()
+            )));
+        }
+        let scope = Scope::confined(&cfg.root)
+            .map_err(Error::io(format!("server root {}", cfg.root.display())))?;
+        let listener = transport::listen(cfg.listen)
+            .map_err(Error::io(format!("listening on {}", cfg.listen)))?;
+        Ok(Server {
+            listener,
+            state: Arc::new(State {
+                scope,
+                key: cfg.auth.key(),
+                faults: cfg.faults,
+                pending: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// The bound address (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().expect("bound listener")
+    }
+
+    /// Accepts connections forever.
+    pub async fn run(self) -> Result<()> {
+        loop {
+            let (stream, peer) = match self.listener.accept().await {
+                Ok(x) => x,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let state = self.state.clone();
+            tokio::spawn(async move {
+                if let Err(e) = connection(state, stream, peer).await {
+                    tracing::warn!("{peer}: {e}");
+                }
+            });
+        }
+    }
+}
+
+async fn connection(state: Arc<State>, mut s: TcpStream, peer: SocketAddr) -> Result<()> {
+    let (sh, hello) = handshake::server_accept(&mut s).await?;
+    match hello {
+        Hello::Control { .. } => {
+            let session: SessionId = rand::random();
+            let Some((welcome, skey)) = auth::accept_control(&state.key, &sh, &hello, session)
+            else {
+                handshake::refuse(s).await;
+                return Err(Error::AuthRefused(peer.to_string()));
+            };
+            use tokio::io::AsyncWriteExt;
+            s.write_all(&welcome.encode())
+                .await
+                .map_err(|_| Error::PeerVanished)?;
+            s.set_nodelay(true).ok();
+            control(state, s, peer, session, skey).await
+        }
+        Hello::Join {
+            session, channel, ..
+        } => {
+            let tx = {
+                let mut pending = state.pending.lock().expect("sessions lock");
+                let slot = pending.get_mut(&session).and_then(|p| {
+                    let ok = auth::verify_join(&p.key, &sh, &hello)
+                        && p.joined.get(channel as usize) == Some(&false);
+                    ok.then(|| {
+                        p.joined[channel as usize] = true;
+                        p.tx.clone()
+                    })
+                });
+                slot
+            };
+            let Some(tx) = tx else {
+                handshake::refuse(s).await;
+                return Err(Error::Refused(format!("bad join for channel {channel}")));
+            };
+            handshake::admit(&mut s).await?;
+            let _ = tx.send((channel, s)).await;
+            Ok(())
+        }
+    }
+}
+
+async fn control(
+    state: Arc<State>,
+    ctrl: TcpStream,
+    peer: SocketAddr,
+    session: SessionId,
+    key: SessionKey,
+) -> Result<()> {
+    let (r, w) = ctrl.into_split();
+    let (mut r, mut w) = (ControlReader::new(r), ControlWriter::new(w));
+    let req = match r.expect().await? {
+        Message::Request(req) => req,
+        other => {
+            return Err(Error::Malformed(format!(
+                "expected a request, got {other:?}"
+            )))
+        }
+    };
+    // Check everything that can be checked before any data channel is opened.
+    let role = match prepare_role(&state, &req) {
+        Ok(role) => role,
+        Err(e) => {
+            w.abort(&e).await;
+            return Err(e);
+        }
+    };
+    tracing::info!("{peer}: {:?} over {} channels", req.op, req.channels);
+    let n = req.channels;
+    let (tx, mut rx) = mpsc::channel(n as usize);
+    state.pending.lock().expect("sessions lock").insert(
+        session,
+        Pending {
+            key,
+            joined: vec![false; n as usize],
+            tx,
+        },
+    );
+    w.send(&Message::Accepted { channels: n }).await?;
+    let deadline = Instant::now() + JOIN_TIMEOUT;
+    let mut channels: Vec<(u16, TcpStream)> = Vec::with_capacity(n as usize);
+    while channels.len() < n as usize {
+        match tokio::time::timeout_at(deadline.into(), rx.recv()).await {
+            Ok(Some(c)) => channels.push(c),
+            _ => break,
+        }
+    }
+    state
+        .pending
+        .lock()
+        .expect("sessions lock")
+        .remove(&session);
+    if channels.len() < n as usize {
+        let e = Error::Timeout("waiting for data channels to join");
+        w.abort(&e).await;
+        return Err(e);
+    }
+    channels.sort_by_key(|c| c.0);
+    let mut channels: Vec<TcpStream> = channels.into_iter().map(|c| c.1).collect();
+    let live = Arc::new(LiveStats::new(channels.len()));
+    let (block_size, faults) = (req.block_size, state.faults);
+    let out = match role {
+        Role::Receive(sink) => {
+            ReceiveEngine {
+                ctrl_r: r,
+                ctrl_w: w,
+                channels,
+                sink,
+                block_size,
+                live: live.clone(),
+            }
+            .run()
+            .await
+        }
+        Role::Send(source) => {
+            if let Some(rate) = req.pace_bps {
+                for c in &channels {
+                    transport::set_max_pacing_rate(c, rate)
+                        .map_err(Error::io("setting the pacing rate"))?;
+                }
+            }
+            for c in &mut channels {
+                c.set_nodelay(false).ok();
+            }
+            SendEngine {
+                ctrl_r: r,
+                ctrl_w: w,
+                channels,
+                source,
+                block_size,
+                live: live.clone(),
+                faults,
+            }
+            .run()
+            .await
+        }
+    }?;
+    tracing::info!(
+        "{peer}: done, {} bytes, {} files ({} skipped)",
+        live.total(),
+        out.files,
+        out.files_skipped
+    );
+    Ok(())
+}
+
+enum Role {
+    Send(SendSource),
+    Receive(Sink),
+}
+
+fn prepare_role(state: &State, req: &Request) -> Result<Role> {
+    if req.version != PROTOCOL_VERSION {
+        return Err(Error::Usage(format!(
+            "protocol version {} is not supported (server speaks {PROTOCOL_VERSION})",
+            req.version
+        )));
+    }
+    TransferOptions {
+        channels: req.channels,
+        block_size: req.block_size,
+        ..Default::default()
+    }
+    .validate()?;
+    Ok(match &req.op {
+        Operation::Push { dest, sources } => Role::Receive(Sink::Files(Destination::resolve(
+            state.scope.clone(),
+            dest,
+            *sources,
+        )?)),
+        Operation::Pull { sources, recursive } => {
+            let paths = sources
+                .iter()
+                .map(|s| state.scope.resolve(s))
+                .collect::<Result<Vec<_>, _>>()?;
+            Role::Send(SendSource::tree(SourceTree::walk(&paths, *recursive)?))
+        }
+        Operation::Bench {
+            direction: BenchDirection::Upload,
+            ..
+        } => Role::Receive(Sink::Discard),
+        Operation::Bench {
+            direction: BenchDirection::Download,
+            bytes,
+            seconds,
+        } => Role::Send(SendSource::generated(
+            req.block_size,
+            bench_limit(*bytes, *seconds)?,
+        )),
+    })
+}

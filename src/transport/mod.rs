@@ -1,0 +1,6 @@
+//! Sockets and the kernel: the only module that creates sockets and sets socket options.
+//! Everything above it sees tokio streams.
+
+pub mod tcp;
+
+pub use tcp::{connect, listen, set_max_pacing_rate, SocketOptions};
