@@ -145,7 +145,8 @@ else
     [[ -f $HSXFER && -x $HSXFER ]] || die "hsxfer binary missing after build: expected $HSXFER"
 fi
 HSXFER=$(cd "$(dirname "$HSXFER")" && pwd)/$(basename "$HSXFER")
-if ! "$HSXFER" --help 2>&1 | grep -qw serve; then
+HS_HELP=$("$HSXFER" --help 2>&1)   # captured first: grep -q + pipefail could see SIGPIPE
+if ! grep -qw serve <<<"$HS_HELP"; then
     die "$HSXFER does not look like the hsxfer CLI ('$HSXFER --help' lists no 'serve' subcommand)"
 fi
 

@@ -57,6 +57,13 @@ impl TokenKey {
     }
 }
 
+impl TokenKey {
+    /// The key of block digests ([`crate::channels::frame::BlockCheck`]).
+    pub fn digest_key(&self) -> [u8; 32] {
+        blake3::derive_key("hsxfer v1 block digest", &self.0)
+    }
+}
+
 /// The per-session key that data channels use to prove membership.
 #[derive(Clone)]
 pub struct SessionKey([u8; 32]);

@@ -25,13 +25,6 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Digest(pub [u8; 32]);
 
-impl Digest {
-    /// BLAKE3 of `data`.
-    pub fn of(data: &[u8]) -> Self {
-        Digest(*blake3::hash(data).as_bytes())
-    }
-}
-
 impl std::fmt::Debug for Digest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&hex::encode(self.0))

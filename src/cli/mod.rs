@@ -66,16 +66,16 @@ struct FaultArgs {
     /// Corrupt the N-th block sent after its CRC was computed.
     #[arg(long, hide = true, value_name = "N")]
     debug_corrupt_wire: Option<u64>,
-    /// Corrupt the N-th block sent and fix its CRC (only BLAKE3 can catch it).
+    /// Corrupt the N-th block sent and send the damaged bytes' digest (only the seal catches it).
     #[arg(long, hide = true, value_name = "N")]
-    debug_corrupt_past_crc: Option<u64>,
+    debug_corrupt_past_check: Option<u64>,
 }
 
 impl FaultArgs {
     fn faults(&self) -> FaultInjection {
         FaultInjection {
             corrupt_on_wire: self.debug_corrupt_wire,
-            corrupt_past_crc: self.debug_corrupt_past_crc,
+            corrupt_past_check: self.debug_corrupt_past_check,
         }
     }
 }

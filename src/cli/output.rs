@@ -103,7 +103,7 @@ pub fn summary(mode: Mode, r: &TransferReport) {
                 "NOT verified"
             };
             println!(
-                "{}: {} in {:.2} s = {} over {} channels, {} files ({} skipped, {} resumed), {check} (CRC-32C per block, BLAKE3 end to end)",
+                "{}: {} in {:.2} s = {} over {} channels, {} files ({} skipped, {} resumed), {check} (keyed BLAKE3 per block, on arrival and end to end)",
                 r.operation,
                 fmt_bytes(r.bytes),
                 r.seconds,

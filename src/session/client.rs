@@ -177,6 +177,7 @@ impl Client {
             source,
             block_size: self.opts.block_size,
             live: live.clone(),
+            digest_key: self.opts.auth.key().digest_key(),
             faults: self.opts.faults,
         }
         .run()
@@ -200,6 +201,7 @@ impl Client {
             sink,
             block_size: self.opts.block_size,
             live: live.clone(),
+            digest_key: self.opts.auth.key().digest_key(),
         }
         .run()
         .await?;

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -15,6 +16,7 @@ use tokio::task::JoinSet;
 use super::report::{LiveStats, SideOutcome};
 use super::wire::{read_header, read_payload, ControlReader, ControlWriter};
 use crate::channels::control::{FilePlan, Message, PlanAction};
+use crate::channels::frame::DigestKey;
 use crate::channels::manifest::{Entry, EntryKind};
 use crate::channels::receiver::{ReceiveTracker, Verdict};
 use crate::channels::{Digest, Violation};
@@ -57,6 +59,8 @@ pub struct ReceiveEngine<R, W> {
     pub block_size: u32,
     /// Counters.
     pub live: Arc<LiveStats>,
+    /// Key of the block digests.
+    pub digest_key: DigestKey,
 }
 
 impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
@@ -75,6 +79,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                 shared: shared.clone(),
                 events: ev_tx.clone(),
                 live: self.live.clone(),
+                key: self.digest_key,
             };
             tasks.spawn(ch.run());
         }
@@ -310,49 +315,63 @@ struct ChannelReceiver {
     shared: Arc<Mutex<Shared>>,
     events: mpsc::UnboundedSender<(u32, Verdict)>,
     live: Arc<LiveStats>,
+    key: DigestKey,
 }
 
 impl ChannelReceiver {
     async fn run(mut self) -> Result<()> {
+        let mut buf = BytesMut::new();
         while let Some(h) = read_header(&mut self.stream).await? {
             let (block, target) = {
                 let s = lock(&self.shared);
                 let block = s.tracker.check(&h)?;
                 (block, s.targets.get(&h.file).cloned())
             };
-            let payload = read_payload(&mut self.stream, h.len).await?.freeze();
-            self.live.add(self.index, payload.len() as u64);
-            let shared = self.shared.clone();
-            let verdict = tokio::task::spawn_blocking(move || -> Result<Verdict> {
-                if !h.payload_intact(&payload) {
-                    return Ok(Verdict::Resend(vec![block]));
+            buf.clear();
+            let got = read_payload(&mut self.stream, h.len, &mut buf, &self.key).await?;
+            self.live.add(self.index, h.len as u64);
+            let verdict = if !got.intact {
+                Verdict::Resend(vec![block])
+            } else if !lock(&self.shared).tracker.wants(h.file, block) {
+                Verdict::Pending
+            } else {
+                if let Some(t) = target.filter(|t| !matches!(**t, Target::Discard)) {
+                    let payload = buf.split().freeze();
+                    write_target(t, h.offset, block, payload, got.digest).await?;
                 }
-                let digest = Digest::of(&payload);
-                if !lock(&shared).tracker.wants(h.file, block) {
-                    return Ok(Verdict::Pending);
-                }
-                let ctx = || format!("writing block {block} of file {}", h.file);
-                match target.as_deref() {
-                    Some(Target::Partial(p)) => {
-                        p.write_block(h.offset, &payload)
-                            .map_err(Error::io(ctx()))?;
-                        p.record(block, &digest).map_err(Error::io(ctx()))?;
-                    }
-                    Some(Target::Stream(s)) => s
-                        .lock()
-                        .expect("stream sink lock")
-                        .write_block(h.offset, payload)
-                        .map_err(Error::io(ctx()))?,
-                    Some(Target::Discard) | None => {}
-                }
-                Ok(lock(&shared).tracker.on_block(h.file, block, digest))
-            })
-            .await
-            .map_err(|e| Error::Malformed(format!("block writer failed: {e}")))??;
+                lock(&self.shared)
+                    .tracker
+                    .on_block(h.file, block, got.digest)
+            };
             if verdict != Verdict::Pending {
                 let _ = self.events.send((h.file, verdict));
             }
         }
         Ok(())
     }
+}
+
+/// Writes a checked block to its file (on the blocking pool) and journals it.
+async fn write_target(
+    t: Arc<Target>,
+    offset: u64,
+    block: u64,
+    payload: Bytes,
+    digest: Digest,
+) -> Result<()> {
+    tokio::task::spawn_blocking(move || match &*t {
+        Target::Partial(p) => {
+            let ctx = || format!("writing {}", p.target().display());
+            p.write_block(offset, &payload).map_err(Error::io(ctx()))?;
+            p.record(block, &digest).map_err(Error::io(ctx()))
+        }
+        Target::Stream(s) => s
+            .lock()
+            .expect("stream sink lock")
+            .write_block(offset, payload)
+            .map_err(Error::io("writing to the output stream")),
+        Target::Discard => Ok(()),
+    })
+    .await
+    .map_err(|e| Error::Malformed(format!("block writer failed: {e}")))?
 }

@@ -13,9 +13,9 @@ use tokio::task::JoinSet;
 
 use super::report::{LiveStats, SideOutcome};
 use super::source::{BlockReader, SendSource};
-use super::wire::{write_block, ControlReader, ControlWriter};
+use super::wire::{write_block, ControlReader, ControlWriter, Damage};
 use crate::channels::control::Message;
-use crate::channels::frame::BlockHeader;
+use crate::channels::frame::{BlockCheck, BlockHeader, DigestKey};
 use crate::channels::manifest::EntryKind;
 use crate::channels::sender::{Job, SendPlanner};
 use crate::channels::{Digest, Violation};
@@ -25,10 +25,11 @@ use crate::error::{Error, Result};
 /// over the whole session) is altered after its checks were computed.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct FaultInjection {
-    /// Flip a payload byte after the CRC: caught on arrival, re-sent at once.
+    /// Flip a payload byte after hashing: caught on arrival, re-sent at once.
     pub corrupt_on_wire: Option<u64>,
-    /// Flip a payload byte and fix up the CRC: only the end-to-end digest can catch it.
-    pub corrupt_past_crc: Option<u64>,
+    /// Flip a payload byte and send the damaged bytes' digest: only the end-to-end
+    /// comparison with the seal can catch it.
+    pub corrupt_past_check: Option<u64>,
 }
 
 struct Hashed {
@@ -51,6 +52,8 @@ pub struct SendEngine<R, W> {
     pub block_size: u32,
     /// Counters.
     pub live: Arc<LiveStats>,
+    /// Key of the block digests.
+    pub digest_key: DigestKey,
     /// Test-only damage.
     pub faults: FaultInjection,
 }
@@ -71,6 +74,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                 hashed: hashed_tx.clone(),
                 live: self.live.clone(),
                 faults: self.faults,
+                key: self.digest_key,
                 sent_blocks: counter.clone(),
             };
             tasks.spawn(ch.run());
@@ -104,7 +108,8 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
         let mut announced = 0u64;
         let mut done = 0u64;
         loop {
-            while let Some((entries, last)) = self.source.next_chunk(announced - done) {
+            let rate = self.live.total() as f64 / self.live.elapsed().max(1e-3);
+            while let Some((entries, last)) = self.source.next_chunk(announced - done, rate) {
                 for e in &entries {
                     if let EntryKind::File { size } = e.kind {
                         announced += 1;
@@ -175,6 +180,7 @@ struct ChannelSender {
     hashed: mpsc::UnboundedSender<Hashed>,
     live: Arc<LiveStats>,
     faults: FaultInjection,
+    key: DigestKey,
     sent_blocks: Arc<AtomicU64>,
 }
 
@@ -182,31 +188,30 @@ impl ChannelSender {
     async fn run(mut self) -> Result<()> {
         while let Ok(job) = self.jobs.recv().await {
             let reader = self.reader.clone();
-            let ordinal = job
-                .send
-                .then(|| self.sent_blocks.fetch_add(1, Ordering::Relaxed));
-            let faults = self.faults;
-            let (header, payload, digest) = tokio::task::spawn_blocking(move || {
-                let data = reader.read(job.file, job.offset, job.len)?;
-                let digest = Digest::of(&data);
-                let mut header = BlockHeader::for_payload(job.file, job.offset, &data);
-                let data = match ordinal {
-                    Some(n) if faults.corrupt_on_wire == Some(n) => flip_first_byte(&data),
-                    Some(n) if faults.corrupt_past_crc == Some(n) => {
-                        let bad = flip_first_byte(&data);
-                        header = BlockHeader::for_payload(job.file, job.offset, &bad);
-                        bad
-                    }
-                    _ => data,
+            let data =
+                tokio::task::spawn_blocking(move || reader.read(job.file, job.offset, job.len))
+                    .await
+                    .map_err(|e| Error::Malformed(format!("block reader failed: {e}")))??;
+            let digest = if job.send {
+                let n = self.sent_blocks.fetch_add(1, Ordering::Relaxed);
+                let damage = if self.faults.corrupt_on_wire == Some(n) {
+                    Damage::OnWire
+                } else if self.faults.corrupt_past_check == Some(n) {
+                    Damage::PastCheck
+                } else {
+                    Damage::None
                 };
-                Ok::<_, Error>((header, data, digest))
-            })
-            .await
-            .map_err(|e| Error::Malformed(format!("block reader failed: {e}")))??;
-            if job.send {
-                write_block(&mut self.stream, &header, &payload).await?;
-                self.live.add(self.index, payload.len() as u64);
-            }
+                let header = BlockHeader {
+                    file: job.file,
+                    offset: job.offset,
+                    len: job.len,
+                };
+                let d = write_block(&mut self.stream, &header, &data, &self.key, damage).await?;
+                self.live.add(self.index, data.len() as u64);
+                d
+            } else {
+                BlockCheck::of(&self.key, &data)
+            };
             let h = Hashed {
                 file: job.file,
                 block: job.block,
@@ -219,12 +224,4 @@ impl ChannelSender {
         self.stream.shutdown().await.ok();
         Ok(())
     }
-}
-
-fn flip_first_byte(data: &bytes::Bytes) -> bytes::Bytes {
-    let mut v = data.to_vec();
-    if let Some(b) = v.first_mut() {
-        *b ^= 0xff;
-    }
-    v.into()
 }

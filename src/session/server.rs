@@ -225,6 +225,7 @@ async fn control(
                 sink,
                 block_size,
                 live: live.clone(),
+                digest_key: state.key.digest_key(),
             }
             .run()
             .await
@@ -246,6 +247,7 @@ async fn control(
                 source,
                 block_size,
                 live: live.clone(),
+                digest_key: state.key.digest_key(),
                 faults,
             }
             .run()

@@ -11,10 +11,13 @@ use crate::fsio::source::{read_block, SourceTree};
 
 /// Manifest entries per control message.
 pub const MANIFEST_CHUNK: usize = 1000;
-/// Size of each generated file in bench mode.
-pub const GENERATED_FILE: u64 = 256 << 20;
+/// Largest generated file in bench mode.
+pub const GENERATED_FILE_MAX: u64 = 256 << 20;
 /// Generated files announced ahead of completion.
 const GENERATED_WINDOW: u64 = 4;
+/// A generated file is sized to take about this long at the rate seen so far, so a timed
+/// bench overshoots its duration by at most about `GENERATED_WINDOW` times this.
+const GENERATED_FILE_SECONDS: f64 = 0.1;
 
 /// When a bench stops producing data.
 #[derive(Debug, Clone, Copy)]
@@ -109,8 +112,9 @@ impl SendSource {
     }
 
     /// The next manifest chunk, if one should be announced now. `unfinished` is the number of
-    /// announced files not yet done (generated data is announced only a few files ahead).
-    pub fn next_chunk(&mut self, unfinished: u64) -> Option<(Vec<Entry>, bool)> {
+    /// announced files not yet done (generated data is announced only a few files ahead) and
+    /// `rate` the bytes per second carried so far (it sizes generated files).
+    pub fn next_chunk(&mut self, unfinished: u64, rate: f64) -> Option<(Vec<Entry>, bool)> {
         match self {
             SendSource::Tree { tree, next, ended } => {
                 if *ended {
@@ -123,18 +127,21 @@ impl SendSource {
                 Some((chunk, *ended))
             }
             SendSource::Generated {
+                pattern,
                 limit,
                 announced,
                 files,
                 ended,
-                ..
             } => {
                 if *ended || unfinished >= GENERATED_WINDOW {
                     return None;
                 }
+                let block = pattern.len() as u64;
+                let blocks = (rate * GENERATED_FILE_SECONDS) as u64 / block;
+                let file = (blocks.max(1) * block).min(GENERATED_FILE_MAX);
                 let size = match *limit {
-                    BenchLimit::Bytes(total) => GENERATED_FILE.min(total - *announced),
-                    BenchLimit::Until(t) if Instant::now() < t => GENERATED_FILE,
+                    BenchLimit::Bytes(total) => file.min(total - *announced),
+                    BenchLimit::Until(t) if Instant::now() < t => file,
                     BenchLimit::Until(_) => 0,
                 };
                 if size == 0 {

@@ -6,7 +6,8 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::channels::control::{self, Message};
-use crate::channels::frame::{BlockHeader, HEADER_LEN};
+use crate::channels::frame::{BlockCheck, BlockHeader, DigestKey, HEADER_LEN, PIECE, TRAILER_LEN};
+use crate::channels::Digest;
 use crate::error::{Error, Result};
 
 fn closed(e: io::Error) -> Error {
@@ -109,26 +110,97 @@ pub async fn read_header<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Block
         .map_err(|e| Error::Malformed(e.to_string()))
 }
 
-/// Reads exactly `len` payload bytes (without zero-filling the buffer first).
-pub async fn read_payload<R: AsyncRead + Unpin>(r: &mut R, len: u32) -> Result<BytesMut> {
-    let len = len as usize;
-    let mut buf = BytesMut::with_capacity(len);
-    while buf.len() < len {
-        let mut limited = (&mut *r).take((len - buf.len()) as u64);
-        if limited.read_buf(&mut buf).await.map_err(closed)? == 0 {
-            return Err(Error::PeerVanished);
-        }
-    }
-    Ok(buf)
+/// Below this many unhashed bytes, hashing waits for more (BLAKE3 is fastest on many
+/// 1 KiB chunks at once).
+const HASH_BATCH: usize = 64 << 10;
+
+/// A received payload's verdict.
+pub struct Received {
+    /// The trailer matched the digest of the bytes received.
+    pub intact: bool,
+    /// Digest of the bytes received.
+    pub digest: Digest,
 }
 
-/// Writes a block frame (header and payload in one vectored write where possible).
+/// Reads `len` payload bytes into `buf` (appended, no zero-filling) and the trailer, hashing
+/// the bytes in batches as they arrive, while they are still in cache.
+pub async fn read_payload<R: AsyncRead + Unpin>(
+    r: &mut R,
+    len: u32,
+    buf: &mut BytesMut,
+    key: &DigestKey,
+) -> Result<Received> {
+    let start = buf.len();
+    let end = start + len as usize;
+    buf.reserve(len as usize);
+    let mut check = BlockCheck::new(key);
+    let mut hashed = start;
+    while buf.len() < end {
+        let want = (end - buf.len()).min(PIECE) as u64;
+        if (&mut *r).take(want).read_buf(buf).await.map_err(closed)? == 0 {
+            return Err(Error::PeerVanished);
+        }
+        if buf.len() - hashed >= HASH_BATCH || buf.len() == end {
+            check.update(&buf[hashed..]);
+            hashed = buf.len();
+        }
+    }
+    let mut trailer = [0u8; TRAILER_LEN];
+    r.read_exact(&mut trailer).await.map_err(closed)?;
+    let digest = check.finish();
+    Ok(Received {
+        intact: trailer == digest.0,
+        digest,
+    })
+}
+
+/// Deliberate damage to one block on its way out (tests of the integrity path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Damage {
+    /// Send the block as it is.
+    None,
+    /// Flip a byte after hashing: the trailer no longer matches, caught on arrival.
+    OnWire,
+    /// Flip a byte and send the digest of the damaged bytes: passes the arrival check, and
+    /// only the end-to-end comparison with the seal (the source's digest) catches it.
+    PastCheck,
+}
+
+/// Writes a block frame: header, the payload in [`PIECE`]s (each hashed just before the
+/// kernel copies it, so it is read from memory once), and the trailer. Returns the digest of
+/// the payload as read from the source (before any injected damage).
 pub async fn write_block<W: AsyncWrite + Unpin>(
     w: &mut W,
     header: &BlockHeader,
     payload: &[u8],
-) -> Result<()> {
-    let h = header.encode();
-    let mut chain = Buf::chain(&h[..], payload);
-    w.write_all_buf(&mut chain).await.map_err(closed)
+    key: &DigestKey,
+    damage: Damage,
+) -> Result<Digest> {
+    w.write_all(&header.encode()).await.map_err(closed)?;
+    let mut truth = BlockCheck::new(key);
+    let mut sent = (damage == Damage::PastCheck).then(|| BlockCheck::new(key));
+    for (i, piece) in payload.chunks(PIECE).enumerate() {
+        truth.update(piece);
+        let bad;
+        let out = if i == 0 && damage != Damage::None {
+            bad = flipped(piece);
+            &bad[..]
+        } else {
+            piece
+        };
+        if let Some(s) = &mut sent {
+            s.update(out);
+        }
+        w.write_all(out).await.map_err(closed)?;
+    }
+    let digest = truth.finish();
+    let trailer = sent.map_or(digest, |s| s.finish());
+    w.write_all(&trailer.0).await.map_err(closed)?;
+    Ok(digest)
+}
+
+fn flipped(piece: &[u8]) -> Vec<u8> {
+    let mut v = piece.to_vec();
+    v[0] ^= 0xff;
+    v
 }
