@@ -1,0 +1,358 @@
+//! The `hsxfer` binary as a user runs it: resume after a killed server or client, one-line
+//! errors with a non-zero exit, NDJSON output, device targets, a full disk.
+
+mod common;
+
+use std::fs;
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{random_file, sha256};
+
+const BIN: &str = env!("CARGO_BIN_EXE_hsxfer");
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct ServerProc(Child);
+
+impl Drop for ServerProc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn serve(root: &Path, port: u16) -> ServerProc {
+    let child = Command::new(BIN)
+        .args(["serve", "--no-auth", "--port", &port.to_string(), "--root"])
+        .arg(root)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    ServerProc(child)
+}
+
+fn hsxfer(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().unwrap()
+}
+
+fn summary(out: &Output) -> serde_json::Value {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last = text.lines().last().expect("some output");
+    serde_json::from_str(last).unwrap()
+}
+
+/// Waits until `path` is at least `len` bytes long.
+fn wait_for_len(path: &Path, len: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while fs::metadata(path).map(|m| m.len()).unwrap_or(0) < len {
+        assert!(Instant::now() < deadline, "{} never grew", path.display());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+const JOURNAL_WITH_ONE_RECORD: u64 = 28 + 44;
+
+#[test]
+fn killed_server_then_rerun_resumes_without_resending_finished_blocks() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let size: u64 = 300 << 20;
+    random_file(&src.path().join("big"), size, 11);
+    let want = sha256(&src.path().join("big"));
+    let port = free_port();
+    let server = serve(root.path(), port);
+    let p = port.to_string();
+    let file = src.path().join("big");
+    let mut copy = Command::new(BIN)
+        .args([
+            "copy",
+            "-n",
+            "4",
+            "--no-auth",
+            "--pace",
+            "200M",
+            "--port",
+            &p,
+        ])
+        .arg(&file)
+        .arg("127.0.0.1:big")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_len(
+        &root.path().join(".big.hsxfer-journal"),
+        JOURNAL_WITH_ONE_RECORD,
+    );
+    drop(server); // SIGKILL
+    let out = copy.wait_with_output().unwrap();
+    assert!(!out.status.success(), "the interrupted copy must fail");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("hsxfer: error:") && err.contains("resume"),
+        "{err}"
+    );
+    assert!(
+        !root.path().join("big").exists(),
+        "no partial file under the final name"
+    );
+
+    let _server = serve(root.path(), port);
+    let out = hsxfer(&[
+        "copy",
+        "-n",
+        "4",
+        "--no-auth",
+        "--json",
+        "--port",
+        &p,
+        file.to_str().unwrap(),
+        "127.0.0.1:big",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = summary(&out);
+    assert_eq!(s["verified"], true);
+    let resumed = s["bytes_resumed"].as_u64().unwrap();
+    let sent = s["bytes"].as_u64().unwrap();
+    assert!(resumed > 0, "{s}");
+    assert_eq!(
+        sent + resumed,
+        size,
+        "finished blocks were not sent again: {s}"
+    );
+    assert_eq!(sha256(&root.path().join("big")), want);
+    assert!(!root.path().join(".big.hsxfer-journal").exists());
+    assert!(!root.path().join(".big.hsxfer-part").exists());
+}
+
+#[test]
+fn killed_client_then_rerun_resumes_a_pull() {
+    let root = tempfile::tempdir().unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    let size: u64 = 200 << 20;
+    random_file(&root.path().join("data"), size, 12);
+    let want = sha256(&root.path().join("data"));
+    let port = free_port();
+    let _server = serve(root.path(), port);
+    let p = port.to_string();
+    let target = dst.path().join("data");
+    let mut copy = Command::new(BIN)
+        .args([
+            "copy",
+            "-n",
+            "2",
+            "--no-auth",
+            "--pace",
+            "300M",
+            "--port",
+            &p,
+            "127.0.0.1:data",
+        ])
+        .arg(&target)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_len(
+        &dst.path().join(".data.hsxfer-journal"),
+        JOURNAL_WITH_ONE_RECORD,
+    );
+    copy.kill().unwrap();
+    copy.wait().unwrap();
+    assert!(!target.exists());
+    let out = hsxfer(&[
+        "copy",
+        "--no-auth",
+        "--json",
+        "--port",
+        &p,
+        "127.0.0.1:data",
+        target.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = summary(&out);
+    assert!(s["bytes_resumed"].as_u64().unwrap() > 0, "{s}");
+    assert_eq!(sha256(&target), want);
+}
+
+#[test]
+fn json_events_follow_the_documented_schema() {
+    let root = tempfile::tempdir().unwrap();
+    random_file(&root.path().join("f"), 9 << 20, 5);
+    let port = free_port();
+    let _server = serve(root.path(), port);
+    let out = hsxfer(&[
+        "copy",
+        "-n",
+        "3",
+        "--no-auth",
+        "--json",
+        "--port",
+        &port.to_string(),
+        "127.0.0.1:f",
+        "/dev/null",
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let events: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("every line is JSON"))
+        .collect();
+    assert_eq!(events[0]["type"], "start");
+    assert_eq!(events[0]["schema"], 1);
+    let s = events.last().unwrap();
+    assert_eq!(s["type"], "summary");
+    assert_eq!(s["bytes"], 9 << 20);
+    assert_eq!(s["verified"], true);
+    assert!(s["seconds"].as_f64().unwrap() > 0.0);
+    assert!(s["goodput_bps"].as_f64().unwrap() > 0.0);
+    let channels = s["channels"].as_array().unwrap();
+    assert_eq!(channels.len(), 3);
+    let total: u64 = channels.iter().map(|c| c["bytes"].as_u64().unwrap()).sum();
+    assert_eq!(total, 9 << 20);
+    assert!(channels.iter().all(|c| c["goodput_bps"].is_number()));
+}
+
+fn fails_with(args: &[&str], needle: &str) {
+    let out = hsxfer(args);
+    assert_eq!(out.status.code(), Some(1), "{args:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(needle),
+        "{args:?}: expected '{needle}' in: {err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn bad_input_gets_a_clear_one_line_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("f");
+    fs::write(&f, b"x").unwrap();
+    let f = f.to_str().unwrap();
+    let closed = free_port().to_string();
+    fails_with(
+        &["copy", "--no-auth", "--port", &closed, f, "127.0.0.1:x"],
+        "cannot connect",
+    );
+    fails_with(
+        &["copy", "--no-auth", f, "no-such-host.invalid:x"],
+        "cannot resolve host",
+    );
+    fails_with(
+        &["copy", "--no-auth", "/no/such/file", "127.0.0.1:x"],
+        "no such file",
+    );
+    fails_with(&["copy", f, "127.0.0.1:x"], "--token-file");
+    fails_with(&["copy", "--no-auth", f, "other"], "both local");
+    fails_with(
+        &["copy", "--no-auth", "-n", "0", f, "127.0.0.1:x"],
+        "channel count",
+    );
+    let port = free_port();
+    let _s = serve(dir.path(), port);
+    let p = port.to_string();
+    fails_with(
+        &[
+            "copy",
+            "--no-auth",
+            "--port",
+            &p,
+            "127.0.0.1:missing",
+            "out",
+        ],
+        "no such file",
+    );
+    fails_with(
+        &["copy", "--no-auth", "--port", &p, f, f, "127.0.0.1:f"],
+        "not a directory",
+    );
+    let out = hsxfer(&[
+        "copy",
+        "--no-auth",
+        "--json",
+        "--port",
+        &p,
+        "127.0.0.1:missing",
+        "out",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines().any(|l| l.contains("\"type\":\"error\"")),
+        "{text}"
+    );
+    // A serve refusal: --no-auth on a public address.
+    fails_with(
+        &[
+            "serve",
+            "--no-auth",
+            "--listen",
+            "0.0.0.0",
+            "--root",
+            dir.path().to_str().unwrap(),
+        ],
+        "loopback",
+    );
+}
+
+#[test]
+fn a_full_disk_fails_cleanly_with_no_file_under_the_final_name() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: mounting a tiny tmpfs needs root (CI runs as root)");
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let small = root.path().join("small");
+    fs::create_dir(&small).unwrap();
+    let st = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=2m", "tmpfs"])
+        .arg(&small)
+        .status()
+        .unwrap();
+    assert!(st.success(), "mount tmpfs");
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _u = Unmount(&small);
+    let src = tempfile::tempdir().unwrap();
+    random_file(&src.path().join("f"), 8 << 20, 6);
+    let port = free_port();
+    let _s = serve(root.path(), port);
+    fails_with(
+        &[
+            "copy",
+            "--no-auth",
+            "--port",
+            &port.to_string(),
+            src.path().join("f").to_str().unwrap(),
+            "127.0.0.1:small/f",
+        ],
+        "No space left",
+    );
+    assert!(!small.join("f").exists());
+}

@@ -1,0 +1,125 @@
+//! Shared helpers for the integration tests: an in-process server on a loopback port, data
+//! generators, and comparisons that do not use hsxfer's own hashing.
+#![allow(dead_code)]
+
+use std::fs;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use hsxfer::{Auth, Client, FaultInjection, LiveStats, Server, ServerConfig, TransferOptions};
+use rand::{RngCore, SeedableRng};
+
+/// Starts a server on an ephemeral loopback port, serving `root`.
+pub async fn server(root: &Path, auth: Auth, faults: FaultInjection) -> SocketAddr {
+    let s = Server::bind(ServerConfig {
+        root: root.to_path_buf(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        auth,
+        faults,
+    })
+    .await
+    .expect("server binds");
+    let addr = s.local_addr();
+    tokio::spawn(s.run());
+    addr
+}
+
+/// A client of `addr` with `channels` channels and no token.
+pub fn client(addr: SocketAddr, channels: u16) -> Client {
+    client_with(addr, channels, Auth::NoAuth, FaultInjection::default())
+}
+
+/// A client with explicit auth and faults.
+pub fn client_with(addr: SocketAddr, channels: u16, auth: Auth, faults: FaultInjection) -> Client {
+    Client::new(
+        &addr.ip().to_string(),
+        TransferOptions {
+            channels,
+            port: addr.port(),
+            auth,
+            faults,
+            ..Default::default()
+        },
+    )
+}
+
+/// Fresh live counters for `n` channels.
+pub fn live(n: u16) -> Arc<LiveStats> {
+    Arc::new(LiveStats::new(n as usize))
+}
+
+/// Writes `size` pseudo-random bytes (seeded) to `path`.
+pub fn random_file(path: &Path, size: u64, seed: u64) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut f = fs::File::create(path).unwrap();
+    let mut buf = vec![0u8; 8 << 20];
+    let mut left = size;
+    while left > 0 {
+        let n = left.min(buf.len() as u64) as usize;
+        rng.fill_bytes(&mut buf[..n]);
+        f.write_all(&buf[..n]).unwrap();
+        left -= n as u64;
+    }
+}
+
+/// SHA-256 of a file by coreutils' `sha256sum`: independent of hsxfer's own hashing.
+pub fn sha256(path: &Path) -> String {
+    let out = Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .expect("sha256sum runs");
+    assert!(out.status.success());
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// Every entry below `root` (relative path, kind, size, mode, mtime, content hash).
+pub fn snapshot(root: &Path) -> Vec<(PathBuf, bool, u64, u32, i64, Option<[u8; 32]>)> {
+    let mut out = Vec::new();
+    walk(root, root, &mut out);
+    out.sort();
+    out
+}
+
+fn walk(root: &Path, dir: &Path, out: &mut Vec<(PathBuf, bool, u64, u32, i64, Option<[u8; 32]>)>) {
+    for e in fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        let m = fs::symlink_metadata(&p).unwrap();
+        let rel = p.strip_prefix(root).unwrap().to_path_buf();
+        if m.is_dir() {
+            out.push((rel, true, 0, m.mode() & 0o7777, m.mtime(), None));
+            walk(root, &p, out);
+        } else if m.is_file() {
+            let h = *blake3::hash(&fs::read(&p).unwrap()).as_bytes();
+            out.push((rel, false, m.len(), m.mode() & 0o7777, m.mtime(), Some(h)));
+        }
+    }
+}
+
+/// Builds a tree: nested and empty directories, empty files, and `small` small files.
+pub fn make_tree(top: &Path, small: usize) {
+    fs::create_dir_all(top.join("a/b/c")).unwrap();
+    fs::create_dir_all(top.join("empty/deeper-empty")).unwrap();
+    fs::write(top.join("a/zero"), b"").unwrap();
+    fs::write(top.join("a/b/c/one"), b"1").unwrap();
+    random_file(&top.join("a/b/odd"), 5 * 1024 * 1024 + 4321, 7);
+    fs::set_permissions(top.join("a/b/odd"), fs::Permissions::from_mode(0o640)).unwrap();
+    fs::create_dir(top.join("many")).unwrap();
+    for i in 0..small {
+        let d = top.join(format!("many/d{:02}", i % 20));
+        fs::create_dir_all(&d).unwrap();
+        fs::write(
+            d.join(format!("f{i:05}")),
+            format!("file {i}\n").repeat(i % 50),
+        )
+        .unwrap();
+    }
+}

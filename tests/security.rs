@@ -1,0 +1,235 @@
+//! Authentication, confinement to the server root, and hostile input: a bad connection must
+//! be refused without harming the server or other sessions.
+
+mod common;
+
+use std::fs;
+use std::time::Duration;
+
+use common::*;
+use hsxfer::{Auth, Error, FaultInjection, Server, ServerConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+fn token(t: &str) -> Auth {
+    Auth::Token(t.as_bytes().to_vec())
+}
+
+async fn push_ok(addr: std::net::SocketAddr, auth: Auth, src: &std::path::Path, dest: &str) {
+    let r = client_with(addr, 2, auth, FaultInjection::default())
+        .push(&[src.to_path_buf()], false, dest, &live(2))
+        .await
+        .expect("a well-behaved client still gets through");
+    assert!(r.verified);
+}
+
+#[tokio::test]
+async fn wrong_or_missing_token_is_refused_and_the_server_keeps_serving() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    random_file(&src.path().join("f"), 100_000, 9);
+    let addr = server(root.path(), token("s3cret"), FaultInjection::default()).await;
+    for bad in [token("wrong"), Auth::NoAuth] {
+        let e = client_with(addr, 2, bad, FaultInjection::default())
+            .push(&[src.path().join("f")], false, "f", &live(2))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::AuthRefused(_)), "{e}");
+        assert!(
+            e.to_string().contains("--token-file"),
+            "the error says what to do: {e}"
+        );
+    }
+    assert!(!root.path().join("f").exists());
+    push_ok(addr, token("s3cret\n"), &src.path().join("f"), "f").await;
+}
+
+#[tokio::test]
+async fn no_auth_is_refused_off_loopback() {
+    let root = tempfile::tempdir().unwrap();
+    let e = Server::bind(ServerConfig {
+        root: root.path().into(),
+        listen: "0.0.0.0:0".parse().unwrap(),
+        auth: Auth::NoAuth,
+        faults: FaultInjection::default(),
+    })
+    .await
+    .err()
+    .expect("refused");
+    assert!(e.to_string().contains("loopback"), "{e}");
+}
+
+#[tokio::test]
+async fn paths_cannot_leave_the_root() {
+    let outside = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let src = tempfile::tempdir().unwrap();
+    fs::write(outside.path().join("secret"), b"top secret").unwrap();
+    fs::create_dir(root.path().join("inside")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), root.path().join("escape")).unwrap();
+    std::os::unix::fs::symlink(
+        outside.path().join("secret"),
+        root.path().join("secret-link"),
+    )
+    .unwrap();
+    random_file(&src.path().join("f"), 1000, 1);
+    let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
+    let out = src.path().join("out");
+    let abs = outside.path().join("secret").display().to_string();
+    for remote in [
+        "../secret",
+        abs.as_str(),
+        "escape/secret",
+        "secret-link",
+        "inside/../../x",
+    ] {
+        let e = client(addr, 1)
+            .pull(
+                &[remote.to_string()],
+                false,
+                out.to_str().unwrap(),
+                &live(1),
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::Refused(_)), "pull {remote}: {e}");
+        assert!(!out.exists());
+    }
+    for dest in ["../f", "/tmp/f", "escape/f", "escape"] {
+        let e = client(addr, 1)
+            .push(&[src.path().join("f")], false, dest, &live(1))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::Refused(_)), "push {dest}: {e}");
+    }
+    assert_eq!(
+        fs::read_dir(outside.path()).unwrap().count(),
+        1,
+        "nothing written outside"
+    );
+    push_ok(addr, Auth::NoAuth, &src.path().join("f"), "inside").await;
+    assert!(root.path().join("inside/f").exists());
+}
+
+/// Opens a raw connection and reads the server's 36-byte hello.
+async fn raw(addr: std::net::SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut hello = [0u8; 36];
+    s.read_exact(&mut hello).await.unwrap();
+    assert_eq!(&hello[..4], b"HXS1");
+    s
+}
+
+/// True when the server closes the connection (after an optional refusal tag).
+async fn closed(mut s: TcpStream) -> bool {
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(15), async {
+        let mut total = 0;
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return total,
+                Ok(n) => total += n,
+            }
+        }
+    });
+    read.await.is_ok()
+}
+
+#[tokio::test]
+async fn garbage_forged_joins_and_malformed_control_are_rejected() {
+    let root = tempfile::tempdir().unwrap();
+    let src = tempfile::tempdir().unwrap();
+    random_file(&src.path().join("f"), 5 << 20, 2);
+    let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
+
+    // Not our protocol at all.
+    let mut s = raw(addr).await;
+    s.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    assert!(closed(s).await);
+
+    // A join for a session that does not exist, with a made-up MAC.
+    let mut s = raw(addr).await;
+    let mut join = b"HXCJ".to_vec();
+    join.extend([7u8; 50]);
+    s.write_all(&join).await.unwrap();
+    let mut answer = [0u8; 4];
+    s.read_exact(&mut answer).await.unwrap();
+    assert_eq!(&answer, b"HXNO");
+
+    // An authenticated control connection that then sends a malformed message.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let key = hsxfer::channels::auth::TokenKey::from_token(b"");
+    hsxfer::session::handshake::client_control(&mut s, &key, "test")
+        .await
+        .unwrap();
+    s.write_all(&[5, 0, 0, 0, b'{', b'x', b'}', b'!', b'!'])
+        .await
+        .unwrap();
+    assert!(closed(s).await);
+
+    // An oversized control frame is refused without allocating it.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    hsxfer::session::handshake::client_control(&mut s, &key, "test")
+        .await
+        .unwrap();
+    s.write_all(&u32::MAX.to_le_bytes()).await.unwrap();
+    assert!(closed(s).await);
+
+    // Meanwhile the server still serves real clients.
+    push_ok(addr, Auth::NoAuth, &src.path().join("f"), "f").await;
+}
+
+#[tokio::test]
+async fn a_data_channel_sending_garbage_ends_only_its_session() {
+    use hsxfer::channels::auth::TokenKey;
+    use hsxfer::channels::control::{self, Message, Operation, Request, PROTOCOL_VERSION};
+    use hsxfer::session::handshake;
+    let root = tempfile::tempdir().unwrap();
+    let src = tempfile::tempdir().unwrap();
+    random_file(&src.path().join("f"), 1 << 20, 4);
+    let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
+    let key = TokenKey::from_token(b"");
+    let mut ctrl = TcpStream::connect(addr).await.unwrap();
+    let (session, skey) = handshake::client_control(&mut ctrl, &key, "t")
+        .await
+        .unwrap();
+    let req = Message::Request(Request {
+        version: PROTOCOL_VERSION,
+        op: Operation::Push {
+            dest: "evil".into(),
+            sources: 1,
+        },
+        channels: 1,
+        block_size: 1 << 20,
+        pace_bps: None,
+    });
+    ctrl.write_all(&control::encode(&req)).await.unwrap();
+    let mut data = TcpStream::connect(addr).await.unwrap();
+    handshake::client_join(&mut data, &skey, session, 0, "t")
+        .await
+        .unwrap();
+    // A replayed join for the same channel is refused: the channel is taken.
+    let mut again = TcpStream::connect(addr).await.unwrap();
+    assert!(handshake::client_join(&mut again, &skey, session, 0, "t")
+        .await
+        .is_err());
+    // Announce one file, then send a frame header that is garbage.
+    let m = Message::Manifest {
+        entries: vec![hsxfer::channels::manifest::Entry {
+            id: 0,
+            path: "x".into(),
+            mode: 0o644,
+            mtime_ns: 0,
+            kind: hsxfer::channels::manifest::EntryKind::File { size: 10 },
+        }],
+        last: true,
+    };
+    ctrl.write_all(&control::encode(&m)).await.unwrap();
+    data.write_all(&[0xAB; 24]).await.unwrap();
+    assert!(closed(ctrl).await, "the session is aborted");
+    assert!(
+        !root.path().join("evil").exists(),
+        "no partial file under the final name"
+    );
+    push_ok(addr, Auth::NoAuth, &src.path().join("f"), "fine").await;
+}

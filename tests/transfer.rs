@@ -1,0 +1,204 @@
+//! End-to-end transfers over real loopback sockets: sizes, trees, channel counts, push and
+//! pull, integrity repair, bench.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+
+use common::*;
+use hsxfer::{Auth, BenchDirection, FaultInjection};
+
+#[tokio::test]
+async fn files_of_awkward_sizes_push_and_pull_with_1_4_16_channels() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let back = tempfile::tempdir().unwrap();
+    let sizes = [0u64, 1, 4095, 4 << 20, (4 << 20) + 1, 13 * 1024 * 1024 + 77];
+    for (i, s) in sizes.iter().enumerate() {
+        random_file(&src.path().join(format!("f{i}")), *s, i as u64);
+    }
+    fs::set_permissions(src.path().join("f2"), fs::Permissions::from_mode(0o751)).unwrap();
+    let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
+    for n in [1u16, 4, 16] {
+        let dest = format!("n{n}");
+        fs::create_dir(root.path().join(&dest)).unwrap();
+        let sources: Vec<_> = (0..sizes.len())
+            .map(|i| src.path().join(format!("f{i}")))
+            .collect();
+        let r = client(addr, n)
+            .push(&sources, false, &dest, &live(n))
+            .await
+            .unwrap();
+        assert!(r.verified);
+        assert_eq!(r.files, sizes.len() as u64);
+        assert_eq!(r.bytes, sizes.iter().sum::<u64>());
+        assert_eq!(r.channels.len(), n as usize);
+        assert_eq!(snapshot(src.path()), snapshot(&root.path().join(&dest)));
+
+        let pulled = back.path().join(format!("n{n}"));
+        fs::create_dir(&pulled).unwrap();
+        let remote: Vec<String> = (0..sizes.len()).map(|i| format!("{dest}/f{i}")).collect();
+        let r = client(addr, n)
+            .pull(&remote, false, pulled.to_str().unwrap(), &live(n))
+            .await
+            .unwrap();
+        assert!(r.verified);
+        assert_eq!(snapshot(src.path()), snapshot(&pulled));
+    }
+}
+
+#[tokio::test]
+async fn a_gibibyte_file_is_byte_identical_both_ways() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let size = (1u64 << 30) + 12345;
+    random_file(&src.path().join("big"), size, 42);
+    let want = sha256(&src.path().join("big"));
+    let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
+    let r = client(addr, 8)
+        .push(&[src.path().join("big")], false, "big", &live(8))
+        .await
+        .unwrap();
+    assert!(r.verified);
+    assert_eq!(r.bytes, size);
+    // Work stealing: every channel carried part of the file.
+    assert!(r.channels.iter().all(|c| c.bytes > 0), "{:?}", r.channels);
+    assert_eq!(sha256(&root.path().join("big")), want);
+    let back = src.path().join("back");
+    let r = client(addr, 4)
+        .pull(&["big".into()], false, back.to_str().unwrap(), &live(4))
+        .await
+        .unwrap();
+    assert!(r.verified);
+    assert_eq!(sha256(&back), want);
+}
+
+#[tokio::test]
+async fn trees_with_empty_dirs_and_a_thousand_small_files() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let top = src.path().join("tree");
+    make_tree(&top, 1200);
+    std::os::unix::fs::symlink("/etc/passwd", top.join("a/link-out")).unwrap();
+    let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
+    // Push into a new name (cp semantics: the tree becomes "copy").
+    let r = client(addr, 4)
+        .push(&[top.clone()], true, "copy", &live(4))
+        .await
+        .unwrap();
+    assert!(r.verified);
+    assert!(r.files > 1200);
+    let mut want = snapshot(&top);
+    want.retain(|e| !e.0.ends_with("link-out"));
+    assert_eq!(
+        snapshot(&root.path().join("copy")),
+        want,
+        "symlinks are passed over"
+    );
+    // Pull into an existing directory: lands as back/copy.
+    let back = src.path().join("back");
+    fs::create_dir(&back).unwrap();
+    let r = client(addr, 16)
+        .pull(&["copy".into()], true, back.to_str().unwrap(), &live(16))
+        .await
+        .unwrap();
+    assert!(r.verified);
+    assert_eq!(snapshot(&back.join("copy")), want);
+    // A directory without -r is refused.
+    let e = client(addr, 2)
+        .pull(&["copy".into()], false, back.to_str().unwrap(), &live(2))
+        .await;
+    assert!(e.unwrap_err().to_string().contains("-r"));
+}
+
+#[tokio::test]
+async fn files_already_complete_are_skipped() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    random_file(&src.path().join("f"), 9 << 20, 1);
+    let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
+    let c = client(addr, 4);
+    c.push(&[src.path().join("f")], false, "f", &live(4))
+        .await
+        .unwrap();
+    let r = c
+        .push(&[src.path().join("f")], false, "f", &live(4))
+        .await
+        .unwrap();
+    assert_eq!((r.files_skipped, r.bytes, r.bytes_skipped), (1, 0, 9 << 20));
+    assert!(r.verified);
+}
+
+#[tokio::test]
+async fn damaged_blocks_are_detected_and_repaired() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    random_file(&src.path().join("f"), 20 << 20, 3);
+    let want = sha256(&src.path().join("f"));
+    let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
+    for (name, faults) in [
+        (
+            "wire",
+            FaultInjection {
+                corrupt_on_wire: Some(2),
+                ..Default::default()
+            },
+        ),
+        (
+            "seal",
+            FaultInjection {
+                corrupt_past_check: Some(1),
+                ..Default::default()
+            },
+        ),
+    ] {
+        let r = client_with(addr, 4, Auth::NoAuth, faults)
+            .push(&[src.path().join("f")], false, name, &live(4))
+            .await
+            .unwrap();
+        assert!(r.verified);
+        assert_eq!(r.blocks_resent, 1, "{name}: one damaged block is re-sent");
+        assert_eq!(
+            r.bytes,
+            (20 << 20) + (4 << 20),
+            "{name}: one block crossed twice"
+        );
+        assert_eq!(sha256(&root.path().join(name)), want, "{name}");
+    }
+    // The server damages a block it sends on a pull.
+    let faults = FaultInjection {
+        corrupt_past_check: Some(0),
+        ..Default::default()
+    };
+    let root2 = tempfile::tempdir().unwrap();
+    fs::copy(src.path().join("f"), root2.path().join("f")).unwrap();
+    let addr2 = server(root2.path(), Auth::NoAuth, faults).await;
+    let out = src.path().join("pulled");
+    let r = client(addr2, 2)
+        .pull(&["f".into()], false, out.to_str().unwrap(), &live(2))
+        .await
+        .unwrap();
+    assert_eq!(r.blocks_resent, 1);
+    assert_eq!(sha256(&out), want);
+}
+
+#[tokio::test]
+async fn bench_moves_exactly_the_requested_bytes_both_ways() {
+    let root = tempfile::tempdir().unwrap();
+    let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
+    for dir in [BenchDirection::Upload, BenchDirection::Download] {
+        let r = client(addr, 4)
+            .bench(dir, Some(300 << 20), None, &live(4))
+            .await
+            .unwrap();
+        assert!(r.verified);
+        assert_eq!(r.bytes, 300 << 20);
+        assert!(r.goodput_bps > 0.0);
+    }
+    assert_eq!(
+        fs::read_dir(root.path()).unwrap().count(),
+        0,
+        "bench writes no files"
+    );
+}
