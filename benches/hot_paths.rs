@@ -1,1 +1,99 @@
-fn main() {}
+//! Micro-benchmarks of the per-byte and per-block hot paths: block digests (keyed BLAKE3,
+//! whole and in cache-sized pieces), frame header encode/decode, the block scheduler (planner)
+//! and the receive tracker.
+
+use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use hsxfer::channels::control::{FilePlan, PlanAction};
+use hsxfer::channels::frame::{BlockCheck, BlockHeader, PIECE};
+use hsxfer::channels::manifest::{Entry, EntryKind};
+use hsxfer::channels::receiver::ReceiveTracker;
+use hsxfer::channels::sender::SendPlanner;
+use hsxfer::channels::Digest;
+
+fn digests(c: &mut Criterion) {
+    let block = vec![0x5au8; 4 << 20];
+    let mut g = c.benchmark_group("block_digest");
+    g.throughput(Throughput::Bytes(block.len() as u64));
+    g.bench_function("keyed_blake3_4MiB_whole", |b| {
+        b.iter(|| BlockCheck::of(&[7; 32], black_box(&block)))
+    });
+    g.bench_function("keyed_blake3_4MiB_in_pieces", |b| {
+        b.iter(|| {
+            let mut c = BlockCheck::new(&[7; 32]);
+            for p in black_box(&block).chunks(PIECE) {
+                c.update(p);
+            }
+            c.finish()
+        })
+    });
+    g.bench_function("crc32c_4MiB_reference", |b| {
+        b.iter(|| crc32c::crc32c(black_box(&block)))
+    });
+    g.finish();
+}
+
+fn framing(c: &mut Criterion) {
+    let h = BlockHeader {
+        file: 9,
+        offset: 1 << 33,
+        len: 4 << 20,
+    };
+    c.bench_function("frame_header_encode_decode", |b| {
+        b.iter(|| BlockHeader::decode(&black_box(h).encode()).unwrap())
+    });
+}
+
+fn scheduling(c: &mut Criterion) {
+    let mut g = c.benchmark_group("scheduling");
+    for files in [1u32, 10_000] {
+        let size: u64 = if files == 1 { 64 << 30 } else { 64 << 10 };
+        let entries: Vec<Entry> = (0..files)
+            .map(|id| Entry {
+                id,
+                path: format!("f{id}"),
+                mode: 0o644,
+                mtime_ns: 0,
+                kind: EntryKind::File { size },
+            })
+            .collect();
+        g.bench_with_input(
+            BenchmarkId::new("plan_hash_seal_done", files),
+            &entries,
+            |b, entries| {
+                b.iter(|| {
+                    let mut p = SendPlanner::new(4 << 20);
+                    let mut t = ReceiveTracker::new(4 << 20);
+                    p.announce(entries, true);
+                    for e in entries {
+                        let EntryKind::File { size } = e.kind else {
+                            continue;
+                        };
+                        t.expect(e.id, size, &[]);
+                        let plan = FilePlan {
+                            file: e.id,
+                            action: PlanAction::Send { have: vec![] },
+                        };
+                        let (jobs, _) = p.on_plan(&plan).unwrap();
+                        for j in jobs {
+                            let d = Digest([j.block as u8; 32]);
+                            t.on_block(j.file, j.block, d);
+                            if let Some(hsxfer::channels::control::Message::Sealed {
+                                file,
+                                digests,
+                            }) = p.on_hashed(j.file, j.block, d).unwrap()
+                            {
+                                t.on_sealed(file, digests).unwrap();
+                                p.on_done(file).unwrap();
+                            }
+                        }
+                    }
+                    assert!(p.finished());
+                })
+            },
+        );
+    }
+    g.finish();
+}
+
+criterion_group!(benches, digests, framing, scheduling);
+criterion_main!(benches);

@@ -77,7 +77,7 @@ fn killed_server_then_rerun_resumes_without_resending_finished_blocks() {
     let server = serve(root.path(), port);
     let p = port.to_string();
     let file = src.path().join("big");
-    let mut copy = Command::new(BIN)
+    let copy = Command::new(BIN)
         .args([
             "copy",
             "-n",

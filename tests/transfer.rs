@@ -84,7 +84,7 @@ async fn trees_with_empty_dirs_and_a_thousand_small_files() {
     let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
     // Push into a new name (cp semantics: the tree becomes "copy").
     let r = client(addr, 4)
-        .push(&[top.clone()], true, "copy", &live(4))
+        .push(std::slice::from_ref(&top), true, "copy", &live(4))
         .await
         .unwrap();
     assert!(r.verified);

@@ -195,10 +195,26 @@ mod tests {
             Verdict::Complete { .. }
         ));
         t.expect(3, 9, &[]);
-        let ok = BlockHeader::for_payload(3, 8, &[0]);
+        let ok = BlockHeader {
+            file: 3,
+            offset: 8,
+            len: 1,
+        };
         assert_eq!(t.check(&ok), Ok(2));
-        assert!(t.check(&BlockHeader::for_payload(3, 4, &[0])).is_err());
-        assert!(t.check(&BlockHeader::for_payload(4, 0, &[0])).is_err());
+        assert!(t
+            .check(&BlockHeader {
+                file: 3,
+                offset: 4,
+                len: 1
+            })
+            .is_err());
+        assert!(t
+            .check(&BlockHeader {
+                file: 4,
+                offset: 0,
+                len: 1
+            })
+            .is_err());
         assert!(t.on_sealed(3, vec![d(0)]).is_err(), "wrong digest count");
     }
 }

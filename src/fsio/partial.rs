@@ -34,7 +34,7 @@ pub enum Prepared {
     /// Write into this partial file; `have` lists blocks already durable from a previous run.
     Write {
         /// The partial file.
-        file: PartialFile,
+        file: Box<PartialFile>,
         /// Durable blocks with their digests.
         have: Vec<(u64, Digest)>,
     },
@@ -155,7 +155,7 @@ pub fn prepare(target: &Path, meta: FileMeta, block_size: u32) -> io::Result<Pre
         None => None,
     };
     Ok(Prepared::Write {
-        file: PartialFile {
+        file: Box::new(PartialFile {
             file,
             part,
             journal_path: jpath,
@@ -164,7 +164,7 @@ pub fn prepare(target: &Path, meta: FileMeta, block_size: u32) -> io::Result<Pre
             meta,
             block_size,
             committed: AtomicBool::new(false),
-        },
+        }),
         have,
     })
 }

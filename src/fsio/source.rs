@@ -176,7 +176,7 @@ mod tests {
         fs::write(top.join("sub/a"), b"abc").unwrap();
         fs::write(top.join("b"), b"").unwrap();
         std::os::unix::fs::symlink("/etc/passwd", top.join("link")).unwrap();
-        let tree = SourceTree::walk(&[top.clone()], true).unwrap();
+        let tree = SourceTree::walk(std::slice::from_ref(&top), true).unwrap();
         let paths: Vec<_> = tree.entries.iter().map(|e| e.path.as_str()).collect();
         assert_eq!(
             paths,
@@ -185,7 +185,7 @@ mod tests {
         assert_eq!(tree.total_bytes(), 3);
         assert_eq!(tree.passed_over.len(), 1);
         assert!(matches!(
-            SourceTree::walk(&[top.clone()], false),
+            SourceTree::walk(std::slice::from_ref(&top), false),
             Err(SourceError::IsDirectory(_))
         ));
         assert!(matches!(

@@ -219,7 +219,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                     out.bytes_resumed += have_bytes.min(size);
                     self.live.expect_more(size.saturating_sub(have_bytes));
                     s.tracker.expect(entry.id, size, &have);
-                    s.targets.insert(entry.id, Arc::new(Target::Partial(file)));
+                    s.targets.insert(entry.id, Arc::new(Target::Partial(*file)));
                     PlanAction::Send {
                         have: have.iter().map(|h| h.0).collect(),
                     }
@@ -330,10 +330,12 @@ impl ChannelReceiver {
             buf.clear();
             let got = read_payload(&mut self.stream, h.len, &mut buf, &self.key).await?;
             self.live.add(self.index, h.len as u64);
-            let verdict = if !got.intact {
-                Verdict::Resend(vec![block])
-            } else if !lock(&self.shared).tracker.wants(h.file, block) {
+            // A block no longer wanted (a duplicate, or for a committed file) is dropped even if
+            // damaged: asking for it again would be a request for a finished file.
+            let verdict = if !lock(&self.shared).tracker.wants(h.file, block) {
                 Verdict::Pending
+            } else if !got.intact {
+                Verdict::Resend(vec![block])
             } else {
                 if let Some(t) = target.filter(|t| !matches!(**t, Target::Discard)) {
                     let payload = buf.split().freeze();

@@ -81,15 +81,18 @@ pub fn sha256(path: &Path) -> String {
         .to_string()
 }
 
-/// Every entry below `root` (relative path, kind, size, mode, mtime, content hash).
-pub fn snapshot(root: &Path) -> Vec<(PathBuf, bool, u64, u32, i64, Option<[u8; 32]>)> {
+/// One entry of a [`snapshot`]: relative path, is-directory, size, mode, mtime (s), content hash.
+pub type Snap = (PathBuf, bool, u64, u32, i64, Option<[u8; 32]>);
+
+/// Every entry below `root`, sorted.
+pub fn snapshot(root: &Path) -> Vec<Snap> {
     let mut out = Vec::new();
     walk(root, root, &mut out);
     out.sort();
     out
 }
 
-fn walk(root: &Path, dir: &Path, out: &mut Vec<(PathBuf, bool, u64, u32, i64, Option<[u8; 32]>)>) {
+fn walk(root: &Path, dir: &Path, out: &mut Vec<Snap>) {
     for e in fs::read_dir(dir).unwrap() {
         let p = e.unwrap().path();
         let m = fs::symlink_metadata(&p).unwrap();

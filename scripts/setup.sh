@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs what hsxfer needs on a fresh Debian/Ubuntu machine: system packages and, if no
+# Rust toolchain is present, rustup's stable toolchain. Idempotent; run as root (or with sudo).
+set -euo pipefail
+SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+need=()
+for pkg in ca-certificates curl gcc libc6-dev make pkg-config coreutils iproute2; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+    [ -x "$HOME/.cargo/bin/cargo" ] || curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
+    # shellcheck disable=SC1091
+    . "$HOME/.cargo/env"
+fi
+cargo --version
