@@ -10,3 +10,7 @@ rustup component add rustfmt clippy >/dev/null 2>&1 || true
 cargo fmt --check
 cargo clippy --release --all-targets -- -D warnings
 cargo test --release --all-targets
+# Fuzz the peer-input decoders for a short while (the same invariants run in the unit tests).
+command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked --quiet
+(cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run decoders --fuzz-dir . -- -max_total_time=30 2>&1 | tail -n 2)
+echo "all checks passed"

@@ -285,6 +285,21 @@ fn bad_input_gets_a_clear_one_line_error() {
         ],
         "no such file",
     );
+    let out = hsxfer(&[
+        "copy",
+        "--no-auth",
+        "--port",
+        &p,
+        "127.0.0.1:missing",
+        "out",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let root = dir.path().canonicalize().unwrap();
+    assert!(err.contains("missing: no such file"), "{err}");
+    assert!(
+        !err.contains(root.to_str().unwrap()),
+        "the server root is not revealed: {err}"
+    );
     fails_with(
         &["copy", "--no-auth", "--port", &p, f, f, "127.0.0.1:f"],
         "not a directory",

@@ -16,8 +16,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-
 use super::{ns_to_system_time, system_time_to_ns};
 use crate::channels::journal::{self, JournalHeader};
 use crate::channels::{blocks, Digest};
@@ -240,27 +238,40 @@ impl Drop for PartialFile {
     }
 }
 
-/// A device or FIFO target: blocks are written in file order, out-of-order ones held until
-/// their turn.
+/// A device or FIFO target. Seekable ones (`/dev/null`, block devices) take positioned
+/// writes in any order; others (FIFOs, terminals) get the bytes in file order, with blocks
+/// that arrive early held (copied) until their turn.
 pub struct StreamSink {
     file: File,
+    seekable: bool,
     next: u64,
-    held: BTreeMap<u64, Bytes>,
+    held: BTreeMap<u64, Vec<u8>>,
 }
 
 impl StreamSink {
     /// Opens `path` for writing.
     pub fn open(path: &Path) -> io::Result<Self> {
+        let mut file = OpenOptions::new().write(true).open(path)?;
+        let seekable = io::Seek::stream_position(&mut file).is_ok();
         Ok(StreamSink {
-            file: OpenOptions::new().write(true).open(path)?,
+            file,
+            seekable,
             next: 0,
             held: BTreeMap::new(),
         })
     }
 
-    /// Accepts the block at `offset`, writing everything that is now in order.
-    pub fn write_block(&mut self, offset: u64, data: Bytes) -> io::Result<()> {
-        self.held.insert(offset, data);
+    /// Accepts the block at `offset`, writing everything that can be written now.
+    pub fn write_block(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
+        if self.seekable {
+            return self.file.write_all_at(data, offset);
+        }
+        if offset != self.next {
+            self.held.insert(offset, data.to_vec());
+            return Ok(());
+        }
+        self.file.write_all(data)?;
+        self.next += data.len() as u64;
         while let Some(data) = self.held.remove(&self.next) {
             self.file.write_all(&data)?;
             self.next += data.len() as u64;
@@ -317,14 +328,22 @@ mod tests {
     }
 
     #[test]
-    fn stream_sink_writes_in_order() {
+    fn stream_sinks_put_blocks_in_place_seekable_or_not() {
         let t = tempfile::tempdir().unwrap();
-        let p = t.path().join("out");
-        fs::write(&p, b"").unwrap();
-        let mut s = StreamSink::open(&p).unwrap();
-        s.write_block(3, Bytes::from_static(b"def")).unwrap();
-        s.write_block(0, Bytes::from_static(b"abc")).unwrap();
-        s.write_block(6, Bytes::from_static(b"g")).unwrap();
-        assert_eq!(fs::read(&p).unwrap(), b"abcdefg");
+        let fifo = t.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let f2 = fifo.clone();
+        let reader = std::thread::spawn(move || fs::read(f2).unwrap());
+        let file = t.path().join("file");
+        fs::write(&file, b"").unwrap();
+        for p in [&file, &fifo] {
+            let mut s = StreamSink::open(p).unwrap();
+            assert_eq!(s.seekable, p == &file);
+            s.write_block(3, b"def").unwrap();
+            s.write_block(0, b"abc").unwrap();
+            s.write_block(6, b"g").unwrap();
+        }
+        assert_eq!(fs::read(&file).unwrap(), b"abcdefg");
+        assert_eq!(reader.join().unwrap(), b"abcdefg");
     }
 }

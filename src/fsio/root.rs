@@ -70,6 +70,18 @@ impl Scope {
         }
     }
 
+    /// Rewrites a message for a peer so that it names paths relative to the root instead of
+    /// revealing where the root is.
+    pub fn hide_root(&self, message: &str) -> String {
+        match self {
+            Scope::Local => message.to_string(),
+            Scope::Confined(root) => {
+                let r = root.display().to_string();
+                message.replace(&format!("{r}/"), "").replace(&r, ".")
+            }
+        }
+    }
+
     /// Checks that `p` (or, if it does not exist yet, its deepest existing ancestor) resolves
     /// inside the root. A no-op for [`Scope::Local`].
     pub fn check_inside(&self, p: &Path) -> Result<(), RootError> {
@@ -117,5 +129,12 @@ mod tests {
         assert!(matches!(s.resolve("out"), Err(RootError::Escapes(_))));
         assert!(matches!(s.resolve("../x"), Err(RootError::Path(_))));
         assert!(matches!(s.resolve("/etc/passwd"), Err(RootError::Path(_))));
+        let canon = root.path().canonicalize().unwrap();
+        let msg = format!(
+            "{}/d/x: no such file; root {}",
+            canon.display(),
+            canon.display()
+        );
+        assert_eq!(s.hide_root(&msg), "d/x: no such file; root .");
     }
 }

@@ -6,8 +6,6 @@ use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use bytes::BytesMut;
-
 use crate::channels::manifest::{Entry, EntryKind};
 
 /// Why a source could not be listed.
@@ -146,12 +144,13 @@ fn top_level_name(src: &Path) -> Result<String, SourceError> {
         .map_err(|_| SourceError::NotUtf8(src.display().to_string()))
 }
 
-/// Reads `len` bytes at `offset` of the file at `path`. A short read means the file shrank
-/// after it was listed.
-pub fn read_block(path: &Path, offset: u64, len: u32) -> io::Result<BytesMut> {
+/// Reads `len` bytes at `offset` of the file at `path` into `buf` (resized to `len`; reusing
+/// one buffer per channel avoids faulting in fresh memory for every block). A short read means
+/// the file shrank after it was listed.
+pub fn read_block(path: &Path, offset: u64, len: u32, buf: &mut Vec<u8>) -> io::Result<()> {
     let f = File::open(path)?;
-    let mut buf = BytesMut::zeroed(len as usize);
-    f.read_exact_at(&mut buf, offset).map_err(|e| {
+    buf.resize(len as usize, 0);
+    f.read_exact_at(buf, offset).map_err(|e| {
         if e.kind() == io::ErrorKind::UnexpectedEof {
             io::Error::new(
                 e.kind(),
@@ -160,8 +159,7 @@ pub fn read_block(path: &Path, offset: u64, len: u32) -> io::Result<BytesMut> {
         } else {
             e
         }
-    })?;
-    Ok(buf)
+    })
 }
 
 #[cfg(test)]
@@ -192,7 +190,9 @@ mod tests {
             SourceTree::walk(&[top.join("nope")], false),
             Err(SourceError::Missing(_))
         ));
-        assert_eq!(&read_block(&top.join("sub/a"), 1, 2).unwrap()[..], b"bc");
-        assert!(read_block(&top.join("sub/a"), 2, 2).is_err());
+        let mut buf = vec![9; 10];
+        read_block(&top.join("sub/a"), 1, 2, &mut buf).unwrap();
+        assert_eq!(buf, b"bc");
+        assert!(read_block(&top.join("sub/a"), 2, 2, &mut buf).is_err());
     }
 }

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -338,8 +338,9 @@ impl ChannelReceiver {
                 Verdict::Resend(vec![block])
             } else {
                 if let Some(t) = target.filter(|t| !matches!(**t, Target::Discard)) {
-                    let payload = buf.split().freeze();
-                    write_target(t, h.offset, block, payload, got.digest).await?;
+                    let (b, r) = write_target(t, h.offset, block, buf, got.digest).await;
+                    buf = b;
+                    r?;
                 }
                 lock(&self.shared)
                     .tracker
@@ -353,27 +354,35 @@ impl ChannelReceiver {
     }
 }
 
-/// Writes a checked block to its file (on the blocking pool) and journals it.
+/// Writes a checked block to its file (on the blocking pool) and journals it; hands the
+/// buffer back for the next block.
 async fn write_target(
     t: Arc<Target>,
     offset: u64,
     block: u64,
-    payload: Bytes,
+    payload: BytesMut,
     digest: Digest,
-) -> Result<()> {
-    tokio::task::spawn_blocking(move || match &*t {
-        Target::Partial(p) => {
-            let ctx = || format!("writing {}", p.target().display());
-            p.write_block(offset, &payload).map_err(Error::io(ctx()))?;
-            p.record(block, &digest).map_err(Error::io(ctx()))
-        }
-        Target::Stream(s) => s
-            .lock()
-            .expect("stream sink lock")
-            .write_block(offset, payload)
-            .map_err(Error::io("writing to the output stream")),
-        Target::Discard => Ok(()),
+) -> (BytesMut, Result<()>) {
+    let joined = tokio::task::spawn_blocking(move || {
+        let r = match &*t {
+            Target::Partial(p) => {
+                let ctx = || format!("writing {}", p.target().display());
+                p.write_block(offset, &payload)
+                    .and_then(|_| p.record(block, &digest))
+                    .map_err(Error::io(ctx()))
+            }
+            Target::Stream(s) => s
+                .lock()
+                .expect("stream sink lock")
+                .write_block(offset, &payload)
+                .map_err(Error::io("writing to the output stream")),
+            Target::Discard => Ok(()),
+        };
+        (payload, r)
     })
-    .await
-    .map_err(|e| Error::Malformed(format!("block writer failed: {e}")))?
+    .await;
+    joined.unwrap_or_else(|e| {
+        let err = Error::Malformed(format!("block writer failed: {e}"));
+        (BytesMut::new(), Err(err))
+    })
 }

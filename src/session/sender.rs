@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use super::report::{LiveStats, SideOutcome};
-use super::source::{BlockReader, SendSource};
+use super::source::{read_file_block, BlockReader, SendSource};
 use super::wire::{write_block, ControlReader, ControlWriter, Damage};
 use crate::channels::control::Message;
 use crate::channels::frame::{BlockCheck, BlockHeader, DigestKey};
@@ -186,12 +186,18 @@ struct ChannelSender {
 
 impl ChannelSender {
     async fn run(mut self) -> Result<()> {
+        let mut buf = Vec::new();
         while let Ok(job) = self.jobs.recv().await {
-            let reader = self.reader.clone();
-            let data =
-                tokio::task::spawn_blocking(move || reader.read(job.file, job.offset, job.len))
-                    .await
-                    .map_err(|e| Error::Malformed(format!("block reader failed: {e}")))??;
+            let data: &[u8] = match &self.reader {
+                BlockReader::Pattern(p) => &p[..job.len as usize],
+                BlockReader::Tree(t) => {
+                    let (b, r) =
+                        read_file_block(t.clone(), job.file, job.offset, job.len, buf).await;
+                    buf = b;
+                    r?;
+                    &buf
+                }
+            };
             let digest = if job.send {
                 let n = self.sent_blocks.fetch_add(1, Ordering::Relaxed);
                 let damage = if self.faults.corrupt_on_wire == Some(n) {
@@ -206,11 +212,11 @@ impl ChannelSender {
                     offset: job.offset,
                     len: job.len,
                 };
-                let d = write_block(&mut self.stream, &header, &data, &self.key, damage).await?;
+                let d = write_block(&mut self.stream, &header, data, &self.key, damage).await?;
                 self.live.add(self.index, data.len() as u64);
                 d
             } else {
-                BlockCheck::of(&self.key, &data)
+                BlockCheck::of(&self.key, data)
             };
             let h = Hashed {
                 file: job.file,

@@ -178,7 +178,10 @@ async fn control(
     let role = match prepare_role(&state, &req) {
         Ok(role) => role,
         Err(e) => {
-            w.abort(&e).await;
+            // Tell the client what was wrong in its own terms: paths relative to the root,
+            // never where the root is on the server.
+            w.abort(&Error::Refused(state.scope.hide_root(&e.to_string())))
+                .await;
             return Err(e);
         }
     };

@@ -63,21 +63,29 @@ pub enum BlockReader {
     Pattern(Bytes),
 }
 
-impl BlockReader {
-    /// The bytes of block (`file`, `offset`, `len`).
-    pub fn read(&self, file: u32, offset: u64, len: u32) -> Result<Bytes> {
-        match self {
-            BlockReader::Tree(t) => {
-                let path = t
-                    .path_of(file)
-                    .ok_or_else(|| Error::Malformed(format!("unknown file {file}")))?;
-                read_block(path, offset, len)
-                    .map(|b| b.freeze())
-                    .map_err(Error::io(format!("reading {}", path.display())))
-            }
-            BlockReader::Pattern(p) => Ok(p.slice(..len as usize)),
-        }
-    }
+/// Reads file blocks into `buf` (on the blocking pool); generated blocks need no reading.
+pub async fn read_file_block(
+    tree: Arc<SourceTree>,
+    file: u32,
+    offset: u64,
+    len: u32,
+    mut buf: Vec<u8>,
+) -> (Vec<u8>, Result<()>) {
+    let joined = tokio::task::spawn_blocking(move || {
+        let r = match tree.path_of(file) {
+            Some(path) => read_block(path, offset, len, &mut buf)
+                .map_err(Error::io(format!("reading {}", path.display()))),
+            None => Err(Error::Malformed(format!("unknown file {file}"))),
+        };
+        (buf, r)
+    })
+    .await;
+    joined.unwrap_or_else(|e| {
+        (
+            Vec::new(),
+            Err(Error::Malformed(format!("block reader: {e}"))),
+        )
+    })
 }
 
 impl SendSource {
