@@ -13,6 +13,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
+use super::engine::{channel_ended, conclude};
 use super::report::{LiveStats, SideOutcome};
 use super::wire::{read_header, read_payload, ControlReader, ControlWriter};
 use crate::channels::control::{FilePlan, Message, PlanAction};
@@ -84,20 +85,10 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
             tasks.spawn(ch.run());
         }
         drop(ev_tx);
-        match self.drive(&shared, ev_rx, &mut tasks).await {
-            Ok(out) => {
-                // The sender closes its channels once it has seen every FileDone.
-                while let Some(r) = tasks.join_next().await {
-                    r.map_err(|e| Error::Malformed(format!("channel task failed: {e}")))??;
-                }
-                Ok(out)
-            }
-            Err(e) => {
-                self.ctrl_w.abort(&e).await;
-                tasks.abort_all();
-                Err(e)
-            }
-        }
+        // On success the channel tasks end when the sender, having seen every FileDone,
+        // closes its channels.
+        let result = self.drive(&shared, ev_rx, &mut tasks).await;
+        conclude(result, &mut self.ctrl_w, tasks).await
     }
 
     async fn drive(
@@ -144,7 +135,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                     self.ctrl_w.send(&Message::FileDone { file }).await?;
                 }
                 Some(r) = tasks.join_next() => {
-                    r.map_err(|e| Error::Malformed(format!("channel task failed: {e}")))??;
+                    channel_ended(r)?;
                     return Err(Error::PeerVanished);
                 }
             }

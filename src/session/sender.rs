@@ -11,6 +11,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
+use super::engine::{channel_ended, conclude};
 use super::report::{LiveStats, SideOutcome};
 use super::source::{read_file_block, BlockReader, SendSource};
 use super::wire::{write_block, ControlReader, ControlWriter, Damage};
@@ -81,20 +82,9 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
         }
         drop(hashed_tx);
         let result = self.drive(&jobs_tx, hashed_rx, &mut tasks).await;
+        // Closing the queue lets the channel tasks finish and shut their streams down.
         jobs_tx.close();
-        match result {
-            Ok(out) => {
-                while let Some(r) = tasks.join_next().await {
-                    r.map_err(|e| Error::Malformed(format!("channel task failed: {e}")))??;
-                }
-                Ok(out)
-            }
-            Err(e) => {
-                self.ctrl_w.abort(&e).await;
-                tasks.abort_all();
-                Err(e)
-            }
-        }
+        conclude(result, &mut self.ctrl_w, tasks).await
     }
 
     async fn drive(
@@ -158,7 +148,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                     None => return Err(Error::PeerVanished),
                 },
                 Some(r) = tasks.join_next() => {
-                    r.map_err(|e| Error::Malformed(format!("channel task failed: {e}")))??;
+                    channel_ended(r)?;
                     return Err(Error::PeerVanished);
                 }
             }
