@@ -32,6 +32,7 @@
 pub mod channels;
 pub mod error;
 pub mod fsio;
+pub mod metrics;
 pub mod session;
 pub mod transport;
 pub mod tuning;

@@ -275,6 +275,7 @@ impl Client {
         let data_opts = SocketOptions {
             nodelay: false,
             max_pacing_rate: if we_send { self.opts.pace } else { None },
+            ..Default::default()
         };
         let mut joins = JoinSet::new();
         for ch in 0..self.opts.channels {

@@ -3,18 +3,47 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
-/// Options applied to a data or control socket before it connects.
-#[derive(Debug, Clone, Default)]
+/// Options applied to a data or control socket before it connects (or, on the server, right
+/// after it is accepted).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SocketOptions {
     /// Disable Nagle (control connections: small messages must not wait).
     pub nodelay: bool,
+    /// Congestion control (`TCP_CONGESTION`); `None` keeps the host default.
+    pub congestion: Option<String>,
+    /// `SO_SNDBUF` request in bytes; `None` leaves the kernel's autotuning in charge.
+    pub send_buffer: Option<u64>,
+    /// `SO_RCVBUF` request in bytes; `None` leaves the kernel's autotuning in charge.
+    pub recv_buffer: Option<u64>,
     /// Per-socket pacing cap in bytes per second (`SO_MAX_PACING_RATE`), if any.
     pub max_pacing_rate: Option<u64>,
+}
+
+impl SocketOptions {
+    /// Applies everything but Nagle to `sock`, naming the option that failed.
+    pub fn apply(&self, sock: &impl AsFd) -> io::Result<()> {
+        let named = |what: &'static str| {
+            move |e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"))
+        };
+        if let Some(cc) = &self.congestion {
+            super::cc::set_congestion(sock, cc).map_err(named("setting TCP_CONGESTION"))?;
+        }
+        if let Some(b) = self.send_buffer {
+            super::buffers::set_send_buffer(sock, b).map_err(named("setting SO_SNDBUF"))?;
+        }
+        if let Some(b) = self.recv_buffer {
+            super::buffers::set_recv_buffer(sock, b).map_err(named("setting SO_RCVBUF"))?;
+        }
+        if let Some(rate) = self.max_pacing_rate {
+            set_max_pacing_rate(sock, rate).map_err(named("setting SO_MAX_PACING_RATE"))?;
+        }
+        Ok(())
+    }
 }
 
 /// Opens a listening socket on `addr` with `SO_REUSEADDR`, dual-stack for `[::]`.
@@ -35,21 +64,19 @@ pub async fn connect(addr: SocketAddr, opts: &SocketOptions) -> io::Result<TcpSt
     let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     sock.set_nonblocking(true)?;
     sock.set_nodelay(opts.nodelay)?;
-    if let Some(rate) = opts.max_pacing_rate {
-        set_max_pacing_rate(&sock, rate)?;
-    }
+    opts.apply(&sock)?;
     let sock = TcpSocket::from_std_stream(std::net::TcpStream::from(sock));
     sock.connect(addr).await
 }
 
 /// Caps the socket's pacing rate (bytes/s) with `SO_MAX_PACING_RATE`. The value is passed as
 /// a u64: a u32 would cap at about 34 Gbit/s. Works without the fq qdisc (TCP paces itself).
-pub fn set_max_pacing_rate(sock: &impl AsRawFd, bytes_per_sec: u64) -> io::Result<()> {
+pub fn set_max_pacing_rate(sock: &impl AsFd, bytes_per_sec: u64) -> io::Result<()> {
     let v: u64 = bytes_per_sec;
     // SAFETY: passing a pointer to a live u64 and its exact size.
     let rc = unsafe {
         libc::setsockopt(
-            sock.as_raw_fd(),
+            sock.as_fd().as_raw_fd(),
             libc::SOL_SOCKET,
             libc::SO_MAX_PACING_RATE,
             &v as *const u64 as *const libc::c_void,
@@ -74,6 +101,7 @@ mod tests {
         let opts = SocketOptions {
             nodelay: true,
             max_pacing_rate: Some(50_000_000_000),
+            ..Default::default()
         };
         let (c, s) = tokio::join!(connect(addr, &opts), l.accept());
         let c = c.unwrap();
@@ -85,7 +113,7 @@ mod tests {
         // SAFETY: reading into a live u64 of the given size.
         let rc = unsafe {
             libc::getsockopt(
-                sock.as_raw_fd(),
+                sock.as_fd().as_raw_fd(),
                 libc::SOL_SOCKET,
                 libc::SO_MAX_PACING_RATE,
                 &mut v as *mut u64 as *mut libc::c_void,

@@ -1,0 +1,288 @@
+//! Socket buffers sized to the path: from the bottleneck rate and the RTT, the window each
+//! channel needs, and how to get it from this host's limits (explicit `SO_*BUF` or the
+//! kernel's autotuning), with an exact fix when a limit caps the window below it.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::sysctl::DirectionLimits;
+
+/// Window per channel, as a multiple of the channel's share of the BDP. A loss-based
+/// congestion control fills the router queue too, so its window grows past the BDP; 2 covers
+/// a queue of up to one BDP.
+pub const HEADROOM: f64 = 2.0;
+
+/// What the user chose with `--buffer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BufferChoice {
+    /// Size from the path (rate and RTT); the default.
+    Auto,
+    /// Pass this many bytes to `SO_SNDBUF`/`SO_RCVBUF` (the kernel doubles it).
+    Fixed(u64),
+    /// Leave the kernel's autotuning in charge.
+    Kernel,
+}
+
+/// The buffer setting both ends apply, carried in the session request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BufferRequest {
+    /// Kernel autotuning.
+    Kernel,
+    /// A fixed `SO_*BUF` request, bytes.
+    Fixed(u64),
+    /// Each channel needs this window, bytes; each host decides how to get it.
+    Window(u64),
+}
+
+/// The window one channel needs on a path: its share of the bandwidth-delay product, with
+/// [`HEADROOM`].
+pub fn channel_window(rate_bps: u64, rtt: Duration, channels: u16) -> u64 {
+    let bdp = rate_bps as f64 / 8.0 * rtt.as_secs_f64();
+    (bdp / channels.max(1) as f64 * HEADROOM).ceil() as u64
+}
+
+/// Turns the user's choice into the request both ends apply; `Auto` needs a known rate.
+pub fn request(
+    choice: BufferChoice,
+    rate_bps: Option<u64>,
+    rtt: Duration,
+    channels: u16,
+) -> BufferRequest {
+    match (choice, rate_bps) {
+        (BufferChoice::Fixed(b), _) => BufferRequest::Fixed(b),
+        (BufferChoice::Auto, Some(rate)) => {
+            BufferRequest::Window(channel_window(rate, rtt, channels))
+        }
+        (BufferChoice::Auto, None) | (BufferChoice::Kernel, _) => BufferRequest::Kernel,
+    }
+}
+
+/// Which direction of a socket a plan is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// `SO_SNDBUF`, limited by `wmem_max` and `tcp_wmem`.
+    Send,
+    /// `SO_RCVBUF`, limited by `rmem_max` and `tcp_rmem`.
+    Receive,
+}
+
+impl Direction {
+    fn sysctls(self) -> (&'static str, &'static str) {
+        match self {
+            Direction::Send => ("net.core.wmem_max", "net.ipv4.tcp_wmem"),
+            Direction::Receive => ("net.core.rmem_max", "net.ipv4.tcp_rmem"),
+        }
+    }
+
+    fn noun(self) -> &'static str {
+        match self {
+            Direction::Send => "send",
+            Direction::Receive => "receive",
+        }
+    }
+}
+
+/// How one host gets one direction's buffers.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BufferPlan {
+    /// Value to pass to `SO_*BUF`; `None` leaves autotuning in charge.
+    pub request: Option<u64>,
+    /// Kernel buffer size the plan leads to (after doubling and clamping, or autotuning's
+    /// maximum), bytes.
+    pub expected: u64,
+    /// When a host limit keeps the window below what the path needs: what, by how much, and
+    /// the `sysctl -w` lines that fix it.
+    pub warning: Option<String>,
+}
+
+/// Plans one direction's buffers on this host for `req`, given its limits. Never plans
+/// below what autotuning reaches on its own: an explicit size is only set when it is larger.
+pub fn plan(
+    req: BufferRequest,
+    limits: &DirectionLimits,
+    dir: Direction,
+    channels: u16,
+    rtt: Duration,
+) -> BufferPlan {
+    let autotune = BufferPlan {
+        request: None,
+        expected: limits.autotune.max,
+        warning: None,
+    };
+    match req {
+        BufferRequest::Kernel => autotune,
+        BufferRequest::Fixed(b) => {
+            let expected = 2 * b.min(limits.request_max);
+            let warning = (b > limits.request_max).then(|| {
+                let (max_name, _) = dir.sysctls();
+                format!(
+                    "{} buffer request {b} is clamped to {} by {max_name}; fix: sysctl -w {max_name}={b}",
+                    dir.noun(),
+                    limits.request_max,
+                )
+            });
+            BufferPlan {
+                request: Some(b),
+                expected,
+                warning,
+            }
+        }
+        BufferRequest::Window(w) => {
+            let needed = 2 * w;
+            if needed <= limits.autotune.max {
+                return autotune;
+            }
+            let explicit = 2 * w.min(limits.request_max);
+            let mut p = if explicit > limits.autotune.max {
+                BufferPlan {
+                    request: Some(w),
+                    expected: explicit,
+                    warning: None,
+                }
+            } else {
+                autotune
+            };
+            if p.expected < needed {
+                p.warning = Some(cap_warning(dir, limits, p.expected, needed, channels, rtt));
+            }
+            p
+        }
+    }
+}
+
+fn cap_warning(
+    dir: Direction,
+    limits: &DirectionLimits,
+    got: u64,
+    needed: u64,
+    channels: u16,
+    rtt: Duration,
+) -> String {
+    let (max_name, tcp_name) = dir.sysctls();
+    let cap_bps = channels as f64 * (got / 2) as f64 * 8.0 / rtt.as_secs_f64().max(1e-6);
+    let fix = needed.next_multiple_of(1 << 20);
+    format!(
+        "{} buffers are capped at {got} bytes per channel ({max_name} = {}, {tcp_name} max = {}): \
+         with {channels} channels at {:.1} ms that allows about {:.0} Mbit/s; \
+         fix: sysctl -w {max_name}={fix}; sysctl -w {tcp_name}=\"{} {} {fix}\"",
+        dir.noun(),
+        limits.request_max,
+        limits.autotune.max,
+        rtt.as_secs_f64() * 1e3,
+        cap_bps / 1e6,
+        limits.autotune.min,
+        limits.autotune.default,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tuning::sysctl::Triple;
+
+    const MIB: u64 = 1 << 20;
+
+    fn limits(request_max: u64, autotune_max: u64) -> DirectionLimits {
+        DirectionLimits {
+            request_max,
+            autotune: Triple {
+                min: 4096,
+                default: 131072,
+                max: autotune_max,
+            },
+        }
+    }
+
+    #[test]
+    fn window_is_the_bdp_share_with_headroom() {
+        // 1 Gbit/s × 60 ms = 7.5 MB; 4 channels: 1.875 MB each, × 2.
+        assert_eq!(
+            channel_window(1_000_000_000, Duration::from_millis(60), 4),
+            3_750_000
+        );
+        assert_eq!(
+            request(BufferChoice::Auto, None, Duration::from_millis(60), 4),
+            BufferRequest::Kernel
+        );
+    }
+
+    #[test]
+    fn small_windows_stay_with_autotuning() {
+        let p = plan(
+            BufferRequest::Window(MIB),
+            &limits(4 * MIB, 32 * MIB),
+            Direction::Receive,
+            4,
+            Duration::from_millis(10),
+        );
+        assert_eq!(
+            p,
+            BufferPlan {
+                request: None,
+                expected: 32 * MIB,
+                warning: None
+            }
+        );
+    }
+
+    #[test]
+    fn large_windows_are_requested_explicitly() {
+        let p = plan(
+            BufferRequest::Window(40 * MIB),
+            &limits(64 * MIB, 32 * MIB),
+            Direction::Receive,
+            4,
+            Duration::from_millis(100),
+        );
+        assert_eq!(
+            p,
+            BufferPlan {
+                request: Some(40 * MIB),
+                expected: 80 * MIB,
+                warning: None
+            }
+        );
+    }
+
+    #[test]
+    fn a_cap_below_the_window_warns_with_the_fix() {
+        // rmem_max 4 MiB (explicit: 8 MiB) is below autotuning's 32 MiB: autotuning wins,
+        // but 32 MiB is below the 2 × 40 MiB needed.
+        let p = plan(
+            BufferRequest::Window(40 * MIB),
+            &limits(4 * MIB, 32 * MIB),
+            Direction::Receive,
+            4,
+            Duration::from_millis(100),
+        );
+        assert_eq!(p.request, None);
+        assert_eq!(p.expected, 32 * MIB);
+        let w = p.warning.unwrap();
+        assert!(w.contains("sysctl -w net.core.rmem_max=83886080"), "{w}");
+        assert!(
+            w.contains("sysctl -w net.ipv4.tcp_rmem=\"4096 131072 83886080\""),
+            "{w}"
+        );
+        // 4 channels × 16 MiB usable × 8 / 0.1 s = 5369 Mbit/s.
+        assert!(w.contains("about 5369 Mbit/s"), "{w}");
+    }
+
+    #[test]
+    fn a_fixed_request_reports_its_clamp() {
+        let p = plan(
+            BufferRequest::Fixed(16 * MIB),
+            &limits(4 * MIB, 32 * MIB),
+            Direction::Send,
+            4,
+            Duration::from_millis(1),
+        );
+        assert_eq!(p.request, Some(16 * MIB));
+        assert_eq!(p.expected, 8 * MIB);
+        assert!(p
+            .warning
+            .unwrap()
+            .contains("sysctl -w net.core.wmem_max=16777216"));
+    }
+}
