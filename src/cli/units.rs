@@ -18,6 +18,28 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
     scale(num, mult).ok_or_else(|| format!("invalid rate '{s}' (examples: 500M, 10G, 2.5Gbit)"))
 }
 
+/// Parses a duration: a number with a unit `us`, `ms`, `s` (the default) or `m`, e.g.
+/// `300ms`, `1.5s`, `2`.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let secs_per = match unit {
+        "" | "s" => 1.0,
+        "ms" => 1e-3,
+        "us" | "µs" => 1e-6,
+        "m" | "min" => 60.0,
+        _ => return Err(format!("invalid duration '{s}' (examples: 250ms, 1.5s, 2m)")),
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration '{s}' (examples: 250ms, 1.5s, 2m)"))?;
+    std::time::Duration::try_from_secs_f64(v * secs_per)
+        .map_err(|_| format!("invalid duration '{s}'"))
+}
+
 fn split_suffix(s: &str, base: u64) -> Result<(&str, u64), String> {
     let s = s.trim();
     let t = s
@@ -90,5 +112,16 @@ mod tests {
         assert_eq!(parse_rate("100Mbps"), Ok(100_000_000));
         assert_eq!(fmt_bytes(1536), "1.50 KiB");
         assert_eq!(fmt_rate(9.41e9), "9.41 Gbit/s");
+    }
+
+    #[test]
+    fn durations() {
+        use std::time::Duration;
+        assert_eq!(parse_duration("300ms"), Ok(Duration::from_millis(300)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("ms").is_err());
     }
 }
