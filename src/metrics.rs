@@ -2,7 +2,7 @@
 //! the loss-synchronization rates of seed 003 (§4.3, Expressions 4.1 and 4.2) from the
 //! channels' loss events.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Jain's fairness index `(Σx)² / (n·Σx²)`: 1 when all shares are equal, 1/n when one takes
 /// all. `None` for no shares or all zero.
@@ -13,7 +13,7 @@ pub fn jain(shares: &[f64]) -> Option<f64> {
 }
 
 /// A flow (channel) entering loss recovery at a time.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct LossEvent {
     /// Flow index.
     pub flow: usize,

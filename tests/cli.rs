@@ -221,7 +221,7 @@ fn json_events_follow_the_documented_schema() {
         .map(|l| serde_json::from_str(l).expect("every line is JSON"))
         .collect();
     assert_eq!(events[0]["type"], "start");
-    assert_eq!(events[0]["schema"], 1);
+    assert_eq!(events[0]["schema"], 2);
     let s = events.last().unwrap();
     assert_eq!(s["type"], "summary");
     assert_eq!(s["bytes"], 9 << 20);

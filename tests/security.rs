@@ -201,7 +201,7 @@ async fn a_data_channel_sending_garbage_ends_only_its_session() {
         },
         channels: 1,
         block_size: 1 << 20,
-        pace_bps: None,
+        tuning: control::Tuning::kernel_defaults(1),
     });
     ctrl.write_all(&control::encode(&req)).await.unwrap();
     let mut data = TcpStream::connect(addr).await.unwrap();

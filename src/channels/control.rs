@@ -5,25 +5,41 @@
 use serde::{Deserialize, Serialize};
 
 use super::manifest::Entry;
+use super::telemetry::TelemetryBatch;
 use super::Digest;
+use crate::tuning::bdp::BufferRequest;
 
 /// Largest control frame accepted; larger announced lengths are treated as a protocol error.
 pub const MAX_CONTROL_FRAME: u32 = 16 << 20;
 
 /// Protocol version carried in every request; a server refuses versions it does not speak.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Every message of the control connection, in both directions.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Message {
-    /// Client → server, first message: what this session is for.
+    /// Client → server, before the request: an RTT probe the server answers at once.
+    Ping {
+        /// Sequence number, echoed.
+        seq: u32,
+    },
+    /// Server → client: the answer to a [`Message::Ping`].
+    Pong {
+        /// The ping's sequence number.
+        seq: u32,
+    },
+    /// Client → server: what this session is for.
     Request(Request),
     /// Server → client: the request is accepted; open `channels` data channels now.
     Accepted {
         /// Number of data channels the client must join.
         channels: u16,
+        /// What the server could not do as asked (e.g. a buffer limit), with the fix.
+        notes: Vec<String>,
     },
+    /// Sending server → client: settings, samples and loss events of the data channels.
+    Telemetry(TelemetryBatch),
     /// Sender → receiver: part of the manifest (sent in chunks so data can start early).
     Manifest {
         /// Files and directories announced by this chunk.
@@ -73,8 +89,50 @@ pub struct Request {
     pub channels: u16,
     /// Block size in bytes.
     pub block_size: u32,
-    /// Per-channel pacing cap (bytes/s) for whichever side sends.
-    pub pace_bps: Option<u64>,
+    /// Transport settings of the data channels.
+    pub tuning: Tuning,
+}
+
+/// Transport settings of a session's data channels, planned by the client and applied by
+/// both ends: the sender's part (congestion control, pacing, stagger, send buffers) by
+/// whichever side sends, the receive buffers by the other.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tuning {
+    /// Congestion control per channel, cycled over the channels; empty keeps the sending
+    /// host's default.
+    pub cc: Vec<String>,
+    /// Socket buffers.
+    pub buffer: BufferRequest,
+    /// Pacing cap of each channel, bytes/s.
+    pub pace: Vec<Option<u64>>,
+    /// Start offset of each channel, microseconds after the data phase begins.
+    pub stagger_us: Vec<u64>,
+    /// Path RTT the plan assumed, microseconds.
+    pub rtt_us: u64,
+    /// How often a sending server reports telemetry, milliseconds.
+    pub interval_ms: u32,
+    /// Whether a sending server also forwards fine-grained samples for a trace.
+    pub trace: bool,
+}
+
+impl Tuning {
+    /// Settings that leave everything to the kernel.
+    pub fn kernel_defaults(channels: u16) -> Tuning {
+        Tuning {
+            cc: Vec::new(),
+            buffer: BufferRequest::Kernel,
+            pace: vec![None; channels as usize],
+            stagger_us: vec![0; channels as usize],
+            rtt_us: 0,
+            interval_ms: 1000,
+            trace: false,
+        }
+    }
+
+    /// Congestion control of channel `i`, if one was chosen.
+    pub fn cc_of(&self, i: usize) -> Option<&str> {
+        (!self.cc.is_empty()).then(|| self.cc[i % self.cc.len()].as_str())
+    }
 }
 
 /// The operation of a session.
@@ -198,9 +256,22 @@ mod tests {
                 },
                 channels: 16,
                 block_size: 4 << 20,
-                pace_bps: Some(1 << 40),
+                tuning: Tuning {
+                    cc: vec!["cubic".into(), "bbr".into()],
+                    pace: vec![Some(1 << 40); 16],
+                    ..Tuning::kernel_defaults(16)
+                },
             }),
-            Message::Accepted { channels: 4 },
+            Message::Ping { seq: 3 },
+            Message::Pong { seq: 3 },
+            Message::Accepted {
+                channels: 4,
+                notes: vec!["receive buffers capped".into()],
+            },
+            Message::Telemetry(TelemetryBatch {
+                last: true,
+                ..Default::default()
+            }),
             Message::Manifest {
                 entries: vec![Entry {
                     id: 1,

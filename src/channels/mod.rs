@@ -18,6 +18,7 @@ pub mod journal;
 pub mod manifest;
 pub mod receiver;
 pub mod sender;
+pub mod telemetry;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 

@@ -8,9 +8,12 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
+use hsxfer::tuning::bdp::BufferChoice;
+use hsxfer::tuning::desync::{PaceChoice, StaggerChoice};
 use hsxfer::{
     Auth, BenchDirection, Client, FaultInjection, LiveStats, Server, ServerConfig, TransferOptions,
     TransferReport, DEFAULT_PORT,
@@ -108,9 +111,33 @@ struct TransferArgs {
     /// Block size (e.g. 1M, 4M): the unit of scheduling, checking and resuming.
     #[arg(long, value_name = "SIZE", value_parser = units::parse_size)]
     block_size: Option<u64>,
-    /// Pace each sending channel to at most RATE bits/s (e.g. 500M, 2G).
+    /// Congestion control of the sending sockets: NAME for every channel, or NAME,NAME,...
+    /// cycled over the channels (default: the sending host's default).
+    #[arg(long, value_name = "NAME[,NAME...]", value_delimiter = ',')]
+    cc: Vec<String>,
+    /// Socket buffers: auto (sized to --rate × RTT, never below kernel autotuning), kernel
+    /// (autotuning), or SIZE (the SO_SNDBUF/SO_RCVBUF request; the kernel doubles it).
+    #[arg(long, value_name = "auto|SIZE|kernel", default_value = "auto", value_parser = parse_buffer)]
+    buffer: BufferChoice,
+    /// Bottleneck rate of the path (e.g. 1G, 10Gbit): sizes buffers and automatic pacing.
     #[arg(long, value_name = "RATE", value_parser = units::parse_rate)]
-    pace: Option<u64>,
+    rate: Option<u64>,
+    /// Path RTT to plan for instead of measuring it (e.g. 60ms).
+    #[arg(long, value_name = "DURATION", value_parser = units::parse_duration)]
+    rtt: Option<Duration>,
+    /// Staggered channel starts: auto (about two RTTs apart, jittered), DURATION apart, or off.
+    #[arg(long, value_name = "auto|DURATION|off", default_value = "auto", value_parser = parse_stagger)]
+    stagger: StaggerChoice,
+    /// Per-channel pacing cap: auto (slightly different caps around rate/N when --rate is
+    /// given, none otherwise), RATE for every channel (e.g. 500M), or off.
+    #[arg(long, value_name = "auto|RATE|off", default_value = "auto", value_parser = parse_pace)]
+    pace: PaceChoice,
+    /// Reporting interval of the live display and of --json channel events.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = units::parse_duration)]
+    interval: Duration,
+    /// Write a per-channel time series (cwnd, ssthresh, RTT, state; every 10 ms) to FILE as CSV.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
     /// Print NDJSON events (schema: docs/json.md) instead of human output.
     #[arg(long)]
     json: bool,
@@ -131,9 +158,18 @@ impl TransferArgs {
             block_size,
             port: self.port,
             auth: self.auth.auth()?,
-            pace: self.pace.map(|bits| bits / 8),
+            cc: self.cc.clone(),
+            buffer: self.buffer,
+            rate_bps: self.rate,
+            rtt: self.rtt,
+            stagger: self.stagger,
+            pace: self.pace,
+            interval: self.interval,
             faults: self.faults.faults(),
         };
+        if self.interval < Duration::from_millis(10) {
+            bail!("--interval must be at least 10ms");
+        }
         opts.validate()?;
         Ok(opts)
     }
@@ -144,6 +180,38 @@ impl TransferArgs {
         } else {
             Mode::Human
         }
+    }
+}
+
+fn parse_buffer(s: &str) -> Result<BufferChoice, String> {
+    match s {
+        "auto" => Ok(BufferChoice::Auto),
+        "kernel" => Ok(BufferChoice::Kernel),
+        _ => units::parse_size(s)
+            .map(BufferChoice::Fixed)
+            .map_err(|e| format!("{e}; or auto, kernel")),
+    }
+}
+
+fn parse_stagger(s: &str) -> Result<StaggerChoice, String> {
+    match s {
+        "auto" => Ok(StaggerChoice::Auto),
+        "off" => Ok(StaggerChoice::Off),
+        _ => units::parse_duration(s)
+            .map(StaggerChoice::Fixed)
+            .map_err(|e| format!("{e}; or auto, off")),
+    }
+}
+
+fn parse_pace(s: &str) -> Result<PaceChoice, String> {
+    match s {
+        "auto" => Ok(PaceChoice::Auto),
+        "off" => Ok(PaceChoice::Off),
+        _ => match units::parse_rate(s) {
+            Ok(0) => Err("a pacing rate must be positive; or auto, off".into()),
+            Ok(bits) => Ok(PaceChoice::Fixed(bits / 8)),
+            Err(e) => Err(format!("{e}; or auto, off")),
+        },
     }
 }
 
@@ -241,6 +309,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<bool> {
 async fn copy(a: CopyArgs) -> anyhow::Result<bool> {
     let opts = a.transfer.options()?;
     let mode = a.transfer.mode();
+    let (interval, trace) = (a.transfer.interval, a.transfer.trace.clone());
     let dir = operands::direction(&a.operands).map_err(anyhow::Error::msg)?;
     let (op, host) = match &dir {
         Direction::Push { host, .. } => ("push", host.clone()),
@@ -249,7 +318,7 @@ async fn copy(a: CopyArgs) -> anyhow::Result<bool> {
     output::start(mode, op, &host, opts.channels, opts.block_size);
     let live = Arc::new(LiveStats::new(opts.channels as usize));
     let client = Client::new(&host, opts);
-    let ticker = output::spawn_live(mode, live.clone());
+    let display = output::Live::start(mode, live.clone(), interval, trace.as_deref())?;
     let result = match dir {
         Direction::Push { sources, dest, .. } => {
             let sources: Vec<PathBuf> = sources.into_iter().map(PathBuf::from).collect();
@@ -259,7 +328,7 @@ async fn copy(a: CopyArgs) -> anyhow::Result<bool> {
             client.pull(&sources, a.recursive, &dest, &live).await
         }
     };
-    ticker.abort();
+    display.finish().await?;
     finish(mode, result?)
 }
 
@@ -278,9 +347,14 @@ async fn bench(a: BenchArgs) -> anyhow::Result<bool> {
     output::start(mode, "bench", &a.host, opts.channels, opts.block_size);
     let live = Arc::new(LiveStats::new(opts.channels as usize));
     let client = Client::new(&a.host, opts);
-    let ticker = output::spawn_live(mode, live.clone());
+    let display = output::Live::start(
+        mode,
+        live.clone(),
+        a.transfer.interval,
+        a.transfer.trace.as_deref(),
+    )?;
     let result = client.bench(direction, a.size, seconds, &live).await;
-    ticker.abort();
+    display.finish().await?;
     finish(mode, result?)
 }
 

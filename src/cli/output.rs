@@ -1,25 +1,31 @@
-//! What the command prints: a live progress display on a terminal, NDJSON events with
-//! `--json` (schema in docs/json.md), and a human summary otherwise.
+//! What the command prints: a live display on a terminal (a total bar and one line per
+//! channel with its TCP state), NDJSON events with `--json` (schema in docs/json.md), a
+//! `--trace` CSV time series, and a human summary.
 
-use std::io::{IsTerminal, Write};
+use std::fs::File;
+use std::io::{BufWriter, IsTerminal, Write};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
+use hsxfer::channels::telemetry::{ChannelSetup, Sample};
 use hsxfer::{LiveStats, TransferReport};
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use serde_json::json;
+use tokio::sync::oneshot;
 
 use super::units::{fmt_bytes, fmt_rate};
 
 /// Version of the NDJSON schema; bumped on incompatible changes.
-pub const JSON_SCHEMA: u32 = 1;
+pub const JSON_SCHEMA: u32 = 2;
 
 /// How to report.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// NDJSON events on stdout.
     Json,
-    /// Progress bar (terminal only) and a human summary.
+    /// Progress display (terminal only) and a human summary.
     Human,
 }
 
@@ -39,56 +45,228 @@ pub fn start(mode: Mode, operation: &str, host: &str, channels: u16, block_size:
     }
 }
 
-/// Runs the live display until the returned handle is stopped.
-pub fn spawn_live(mode: Mode, live: Arc<LiveStats>) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let bar = (mode == Mode::Human && std::io::stderr().is_terminal()).then(|| {
-            let b = ProgressBar::new(0);
-            b.set_style(
-                ProgressStyle::with_template(
-                    "{bar:40.cyan/blue} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}",
-                )
-                .expect("valid template"),
-            );
-            b
-        });
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        tick.tick().await;
-        let mut last = live.channel_bytes();
-        loop {
-            tick.tick().await;
-            let now = live.channel_bytes();
-            let rates: Vec<f64> = now
-                .iter()
-                .zip(&last)
-                .map(|(n, l)| (n - l) as f64 * 8.0)
-                .collect();
-            match &bar {
-                Some(b) => {
-                    b.set_length(live.expected());
-                    b.set_position(live.total());
-                    let per: Vec<String> = rates.iter().map(|r| fmt_rate(*r)).collect();
-                    b.set_message(format!("files {} | {}", live.files_done(), per.join(" ")));
-                }
-                None if mode == Mode::Json => emit(json!({
-                    "type": "progress",
-                    "seconds": live.elapsed(),
-                    "bytes": live.total(),
-                    "expected_bytes": live.expected(),
-                    "files_done": live.files_done(),
-                    "goodput_bps": rates.iter().sum::<f64>(),
-                    "channels": now.iter().zip(&rates).enumerate().map(|(i, (b, r))|
-                        json!({"index": i, "bytes": b, "goodput_bps": r})).collect::<Vec<_>>(),
-                })),
-                None => {}
-            }
-            last = now;
+/// The CSV header of a `--trace` file.
+const TRACE_HEADER: &str = "t_s,channel,cwnd,ssthresh,rtt_us,min_rtt_us,ca_state,retrans,total_retrans,delivery_rate_bps,pacing_rate_bps,bytes_acked";
+
+/// Writes `--trace` samples as CSV.
+struct TraceWriter(BufWriter<File>);
+
+impl TraceWriter {
+    fn create(path: &Path) -> anyhow::Result<TraceWriter> {
+        let f = File::create(path)
+            .with_context(|| format!("creating trace file {}", path.display()))?;
+        let mut w = BufWriter::new(f);
+        writeln!(w, "{TRACE_HEADER}")?;
+        Ok(TraceWriter(w))
+    }
+
+    fn write(&mut self, samples: &[Sample]) -> std::io::Result<()> {
+        for s in samples {
+            let t = &s.tcp;
+            writeln!(
+                self.0,
+                "{:.4},{},{},{},{},{},{},{},{},{},{},{}",
+                s.t,
+                s.channel,
+                t.cwnd,
+                t.ssthresh,
+                t.rtt_us,
+                t.min_rtt_us,
+                t.ca_state,
+                t.retrans,
+                t.total_retrans,
+                t.delivery_rate * 8,
+                t.pacing_rate * 8,
+                t.bytes_acked
+            )?;
         }
-    })
+        self.0.flush()
+    }
 }
 
-/// Prints the final summary.
+/// The live display, JSON progress events and trace writer of a running transfer.
+pub struct Live {
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Live {
+    /// Starts reporting on `live` every `interval`; `trace` also writes every sample to a CSV
+    /// file.
+    pub fn start(
+        mode: Mode,
+        live: Arc<LiveStats>,
+        interval: Duration,
+        trace: Option<&Path>,
+    ) -> anyhow::Result<Live> {
+        let mut writer = match trace {
+            Some(p) => {
+                live.telemetry.enable_trace();
+                Some(TraceWriter::create(p)?)
+            }
+            None => None,
+        };
+        let (stop, mut stopped) = oneshot::channel();
+        let task = tokio::spawn(async move {
+            let mut display = (mode == Mode::Human && std::io::stderr().is_terminal())
+                .then(|| Display::new(live.channel_bytes().len()));
+            let mut tick = tokio::time::interval(interval);
+            tick.tick().await;
+            let mut last = (live.elapsed(), live.channel_bytes());
+            loop {
+                let finished = tokio::select! {
+                    _ = tick.tick() => false,
+                    _ = &mut stopped => true,
+                };
+                if let Some(w) = writer.as_mut() {
+                    w.write(&live.telemetry.take_trace())
+                        .context("writing the trace file")?;
+                }
+                if finished {
+                    if let Some(d) = display.take() {
+                        d.clear();
+                    }
+                    return Ok(());
+                }
+                let now = (live.elapsed(), live.channel_bytes());
+                let dt = (now.0 - last.0).max(1e-3);
+                let rates: Vec<f64> = now
+                    .1
+                    .iter()
+                    .zip(&last.1)
+                    .map(|(n, l)| (n - l) as f64 * 8.0 / dt)
+                    .collect();
+                match &display {
+                    Some(d) => d.update(&live, &rates),
+                    None if mode == Mode::Json => progress_events(&live, &now.1, &rates),
+                    None => {}
+                }
+                last = now;
+            }
+        });
+        Ok(Live { stop, task })
+    }
+
+    /// Stops reporting after writing the remaining trace samples.
+    pub async fn finish(self) -> anyhow::Result<()> {
+        let _ = self.stop.send(());
+        self.task.await.context("live display task")?
+    }
+}
+
+/// The terminal display: a total bar and one line per channel.
+struct Display {
+    _multi: MultiProgress,
+    total: ProgressBar,
+    channels: Vec<ProgressBar>,
+}
+
+impl Display {
+    fn new(channels: usize) -> Display {
+        let multi = MultiProgress::new();
+        let total = multi.add(ProgressBar::new(0));
+        total.set_style(
+            ProgressStyle::with_template(
+                "{bar:40.cyan/blue} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}",
+            )
+            .expect("valid template"),
+        );
+        let line = ProgressStyle::with_template("  {msg}").expect("valid template");
+        let channels = (0..channels)
+            .map(|_| {
+                let b = multi.add(ProgressBar::new_spinner());
+                b.set_style(line.clone());
+                b
+            })
+            .collect();
+        Display {
+            _multi: multi,
+            total,
+            channels,
+        }
+    }
+
+    fn update(&self, live: &LiveStats, rates: &[f64]) {
+        self.total.set_length(live.expected());
+        self.total.set_position(live.total());
+        self.total
+            .set_message(format!("files {}", live.files_done()));
+        let setups = live.telemetry.setups();
+        let latest = live.telemetry.latest();
+        for (i, bar) in self.channels.iter().enumerate() {
+            bar.set_message(channel_line(
+                i,
+                rates[i],
+                setups[i].as_ref(),
+                latest[i].as_ref(),
+            ));
+        }
+    }
+
+    fn clear(self) {
+        self.total.finish_and_clear();
+        for b in self.channels {
+            b.finish_and_clear();
+        }
+    }
+}
+
+fn channel_line(
+    i: usize,
+    rate: f64,
+    setup: Option<&ChannelSetup>,
+    sample: Option<&Sample>,
+) -> String {
+    let cc = setup.map_or("-", |s| s.cc.as_str());
+    let tcp = sample.map_or(String::new(), |s| {
+        format!(
+            "cwnd {:>6}  rtt {:>7.2} ms  retrans {:>6}",
+            s.tcp.cwnd,
+            s.tcp.rtt_us as f64 / 1e3,
+            s.tcp.total_retrans
+        )
+    });
+    format!("ch {i:>3} {cc:<9} {:>14}  {tcp}", fmt_rate(rate))
+}
+
+/// Emits the `progress` event and one `channel` event per channel.
+fn progress_events(live: &LiveStats, bytes: &[u64], rates: &[f64]) {
+    let seconds = live.elapsed();
+    emit(json!({
+        "type": "progress",
+        "seconds": seconds,
+        "bytes": live.total(),
+        "expected_bytes": live.expected(),
+        "files_done": live.files_done(),
+        "goodput_bps": rates.iter().sum::<f64>(),
+    }));
+    let setups = live.telemetry.setups();
+    let latest = live.telemetry.latest();
+    for (i, (b, r)) in bytes.iter().zip(rates).enumerate() {
+        let mut v = json!({"type": "channel", "seconds": seconds, "index": i, "bytes": b,
+            "goodput_bps": r, "cc": setups[i].as_ref().map(|s| s.cc.clone())});
+        if let Some(s) = &latest[i] {
+            let t = &s.tcp;
+            let tcp = json!({"cwnd": t.cwnd, "ssthresh": t.ssthresh, "rtt_us": t.rtt_us,
+                "min_rtt_us": t.min_rtt_us, "retrans": t.retrans, "total_retrans": t.total_retrans,
+                "delivery_rate_bps": t.delivery_rate * 8, "pacing_rate_bps": t.pacing_rate * 8,
+                "ca_state": t.ca_state, "bytes_acked": t.bytes_acked});
+            v.as_object_mut()
+                .expect("object")
+                .extend(tcp.as_object().expect("object").clone());
+        }
+        emit(v);
+    }
+}
+
+/// Prints the final summary (and the limits noted during set-up as warnings).
 pub fn summary(mode: Mode, r: &TransferReport) {
+    for note in &r.tuning.notes {
+        if mode == Mode::Json {
+            emit(json!({"type": "warning", "message": note}));
+        }
+        eprintln!("hsxfer: warning: {note}");
+    }
     match mode {
         Mode::Json => {
             let mut v = serde_json::to_value(r).expect("report serializes");
@@ -96,33 +274,60 @@ pub fn summary(mode: Mode, r: &TransferReport) {
             v["schema"] = json!(JSON_SCHEMA);
             emit(v);
         }
-        Mode::Human => {
-            let check = if r.verified {
-                "verified"
-            } else {
-                "NOT verified"
-            };
-            println!(
-                "{}: {} in {:.2} s = {} over {} channels, {} files ({} skipped, {} resumed), {check} (keyed BLAKE3 per block, on arrival and end to end)",
-                r.operation,
-                fmt_bytes(r.bytes),
-                r.seconds,
-                fmt_rate(r.goodput_bps),
-                r.channels.len(),
-                r.files,
-                r.files_skipped,
-                fmt_bytes(r.bytes_resumed),
-            );
-            for c in &r.channels {
-                println!(
-                    "  channel {:>2}: {:>12}  {:>14}",
-                    c.index,
-                    fmt_bytes(c.bytes),
-                    fmt_rate(c.goodput_bps)
-                );
-            }
-        }
+        Mode::Human => human_summary(r),
     }
+}
+
+fn human_summary(r: &TransferReport) {
+    let check = if r.verified {
+        "verified"
+    } else {
+        "NOT verified"
+    };
+    println!(
+        "{}: {} in {:.2} s = {} over {} channels, {} files ({} skipped, {} resumed), {check} (keyed BLAKE3 per block, on arrival and end to end)",
+        r.operation,
+        fmt_bytes(r.bytes),
+        r.seconds,
+        fmt_rate(r.goodput_bps),
+        r.channels.len(),
+        r.files,
+        r.files_skipped,
+        fmt_bytes(r.bytes_resumed),
+    );
+    let t = &r.tuning;
+    println!(
+        "  path: rtt {:.2} ms, rate {} ({}), buffers {}",
+        t.rtt_us as f64 / 1e3,
+        t.rate_bps.map_or("unknown".into(), |b| fmt_rate(b as f64)),
+        t.rate_source,
+        t.buffer
+    );
+    for c in &r.channels {
+        println!(
+            "  channel {:>2}: {:>12} {:>14}  cc {:<9} sndbuf {:>10}  pace {:>13}  start {:>7}  retrans {:>6}  losses {:>4}",
+            c.index,
+            fmt_bytes(c.bytes),
+            fmt_rate(c.goodput_bps),
+            c.cc.as_deref().unwrap_or("-"),
+            c.send_buffer.map_or("-".into(), fmt_bytes),
+            c.pace_bps.map_or("-".into(), |p| fmt_rate(p as f64)),
+            c.started_s.map_or("-".into(), |s| format!("{s:.3} s")),
+            c.retransmits.map_or("-".into(), |n| n.to_string()),
+            c.loss_events,
+        );
+    }
+    let jain = r.fairness_jain.map_or("-".into(), |j| format!("{j:.3}"));
+    let sync = r.loss_sync.as_ref().map_or("no losses seen".into(), |s| {
+        format!(
+            "global {:.3} over {} congestion events",
+            s.global, s.congestion_events
+        )
+    });
+    println!(
+        "  fairness (Jain) {jain}, retransmits {}, loss synchronization {sync}",
+        r.retransmits
+    );
 }
 
 /// Prints an error: an `error` event with `--json`, and always a line on stderr.

@@ -11,18 +11,25 @@ use tokio::task::JoinSet;
 
 use super::handshake;
 use super::receiver::{ReceiveEngine, Sink};
-use super::report::{LiveStats, SideOutcome, TransferReport};
+use super::report::{LiveStats, SideOutcome, TransferReport, TuningReport};
 use super::sender::{FaultInjection, SendEngine};
 use super::source::{BenchLimit, SendSource};
+use super::telemetry::{duplicate, spawn_sampler};
+use super::tuning::{check_congestion, local_plan, read_setup, Side};
 use super::wire::{ControlReader, ControlWriter};
 use super::{Auth, DEFAULT_PORT};
-use crate::channels::control::{BenchDirection, Message, Operation, Request, PROTOCOL_VERSION};
+use crate::channels::control::{
+    BenchDirection, Message, Operation, Request, Tuning, PROTOCOL_VERSION,
+};
 use crate::error::{Error, Result};
 use crate::fsio::dest::Destination;
 use crate::fsio::root::Scope;
 use crate::fsio::source::SourceTree;
+use crate::transport::tcp_info::tcp_info;
 use crate::transport::{self, SocketOptions};
+use crate::tuning::bdp::{self, BufferChoice, BufferRequest};
 use crate::tuning::defaults;
+use crate::tuning::desync::{pacing_caps, stagger_offsets, PaceChoice, StaggerChoice};
 
 /// Options of a transfer, shared by push, pull and bench.
 #[derive(Debug, Clone)]
@@ -35,8 +42,21 @@ pub struct TransferOptions {
     pub port: u16,
     /// Authentication.
     pub auth: Auth,
-    /// Per-channel pacing cap for the sending side, bytes per second.
-    pub pace: Option<u64>,
+    /// Congestion control of the sending sockets, cycled over the channels; empty keeps the
+    /// sending host's default.
+    pub cc: Vec<String>,
+    /// Socket buffer sizing.
+    pub buffer: BufferChoice,
+    /// Bottleneck rate of the path in bits/s, if known: sizes buffers and automatic pacing.
+    pub rate_bps: Option<u64>,
+    /// Path RTT; `None` measures it (pings on the control connection and its `TCP_INFO`).
+    pub rtt: Option<Duration>,
+    /// Staggered channel starts.
+    pub stagger: StaggerChoice,
+    /// Per-channel pacing caps of the sending side.
+    pub pace: PaceChoice,
+    /// How often a sending server reports telemetry.
+    pub interval: Duration,
     /// Deliberate damage, for tests of the integrity path.
     pub faults: FaultInjection,
 }
@@ -48,7 +68,13 @@ impl Default for TransferOptions {
             block_size: defaults::BLOCK_SIZE,
             port: DEFAULT_PORT,
             auth: Auth::NoAuth,
-            pace: None,
+            cc: Vec::new(),
+            buffer: BufferChoice::Auto,
+            rate_bps: None,
+            rtt: None,
+            stagger: StaggerChoice::Auto,
+            pace: PaceChoice::Auto,
+            interval: Duration::from_secs(1),
             faults: FaultInjection::default(),
         }
     }
@@ -86,7 +112,12 @@ pub struct Client {
 struct Opened {
     ctrl: TcpStream,
     channels: Vec<TcpStream>,
+    stagger: Vec<Duration>,
+    tuning: TuningReport,
 }
+
+/// RTT probes sent on the control connection before the request.
+const PINGS: u32 = 4;
 
 impl Client {
     /// A client for `host` (a name, an IPv4 address, or an IPv6 address with or without
@@ -115,7 +146,7 @@ impl Client {
             dest: dest.to_string(),
             sources: sources.len() as u32,
         };
-        let o = self.open(op, true).await?;
+        let o = self.open(op, true, live).await?;
         self.send(o, SendSource::tree(tree), "push", live).await
     }
 
@@ -132,7 +163,7 @@ impl Client {
             sources: sources.to_vec(),
             recursive,
         };
-        let o = self.open(op, false).await?;
+        let o = self.open(op, false, live).await?;
         self.receive(o, Sink::Files(dest), "pull", live).await
     }
 
@@ -151,7 +182,7 @@ impl Client {
             seconds,
         };
         let upload = direction == BenchDirection::Upload;
-        let o = self.open(op, upload).await?;
+        let o = self.open(op, upload, live).await?;
         if upload {
             let limit = bench_limit(bytes, seconds)?;
             let src = SendSource::generated(self.opts.block_size, limit);
@@ -169,20 +200,24 @@ impl Client {
         live: &Arc<LiveStats>,
     ) -> Result<TransferReport> {
         let start = Instant::now();
+        let sampler = spawn_sampler(duplicate(&o.channels)?, live.clone());
         let (r, w) = o.ctrl.into_split();
         let out = SendEngine {
             ctrl_r: ControlReader::new(r),
             ctrl_w: ControlWriter::new(w),
             channels: o.channels,
+            stagger: o.stagger,
             source,
             block_size: self.opts.block_size,
             live: live.clone(),
             digest_key: self.opts.auth.key().digest_key(),
             faults: self.opts.faults,
+            forward_telemetry: None,
         }
         .run()
-        .await?;
-        Ok(self.report(name, live, out, start))
+        .await;
+        sampler.abort();
+        Ok(self.report(name, live, out?, start, o.tuning))
     }
 
     async fn receive(
@@ -202,14 +237,22 @@ impl Client {
             block_size: self.opts.block_size,
             live: live.clone(),
             digest_key: self.opts.auth.key().digest_key(),
+            await_telemetry: true,
         }
         .run()
         .await?;
-        Ok(self.report(name, live, out, start))
+        Ok(self.report(name, live, out, start, o.tuning))
     }
 
-    fn report(&self, name: &str, live: &LiveStats, out: SideOutcome, t: Instant) -> TransferReport {
-        TransferReport::new(name, live, out, self.opts.block_size, t.elapsed())
+    fn report(
+        &self,
+        name: &str,
+        live: &LiveStats,
+        out: SideOutcome,
+        t: Instant,
+        tuning: TuningReport,
+    ) -> TransferReport {
+        TransferReport::new(name, live, out, self.opts.block_size, t.elapsed(), tuning)
     }
 
     async fn resolve(&self) -> Result<Vec<SocketAddr>> {
@@ -229,42 +272,51 @@ impl Client {
         Ok(addrs)
     }
 
-    /// Connects, authenticates, sends the request and joins the data channels.
-    async fn open(&self, op: Operation, we_send: bool) -> Result<Opened> {
+    /// Connects, authenticates, measures the RTT, plans the transport settings, sends the
+    /// request and joins the data channels with their settings applied.
+    async fn open(&self, op: Operation, we_send: bool, live: &LiveStats) -> Result<Opened> {
         self.opts.validate()?;
-        let addrs = self.resolve().await?;
-        let ctl_opts = SocketOptions {
-            nodelay: true,
-            ..Default::default()
-        };
-        let mut last_err = None;
-        let mut found = None;
-        for a in &addrs {
-            match timed_connect(*a, &ctl_opts).await {
-                Ok(s) => {
-                    found = Some((*a, s));
-                    break;
-                }
-                Err(e) => last_err = Some(e),
-            }
+        let n = self.opts.channels;
+        let side = if we_send { Side::Send } else { Side::Receive };
+        if we_send {
+            check_congestion(&self.tuning_request(Duration::ZERO, false), "client")?;
         }
-        let Some((addr, mut ctrl)) = found else {
-            return Err(last_err.expect("at least one address was tried"));
-        };
+        let addrs = self.resolve().await?;
+        let (addr, mut ctrl) = self.connect_control(&addrs).await?;
         let peer = addr.to_string();
         let (session, skey) =
             handshake::client_control(&mut ctrl, &self.opts.auth.key(), &peer).await?;
+        let rtt = match self.opts.rtt {
+            Some(rtt) => rtt,
+            None => measure_rtt(&mut ctrl).await?,
+        };
+        let stagger = stagger_offsets(self.opts.stagger, n, rtt, &mut rand::thread_rng());
+        let mut tuning = self.tuning_request(rtt, live.telemetry.tracing());
+        tuning.stagger_us = stagger.iter().map(|d| d.as_micros() as u64).collect();
+        let plan = local_plan(&tuning, side, n, "client")?;
+        let mut report = TuningReport {
+            rtt_us: rtt.as_micros() as u64,
+            rate_bps: self.opts.rate_bps,
+            rate_source: if self.opts.rate_bps.is_some() {
+                "given"
+            } else {
+                "unknown"
+            }
+            .into(),
+            buffer: describe_buffer(tuning.buffer),
+            notes: plan.notes.clone(),
+        };
         let request = Message::Request(Request {
             version: PROTOCOL_VERSION,
             op,
-            channels: self.opts.channels,
+            channels: n,
             block_size: self.opts.block_size,
-            pace_bps: self.opts.pace,
+            tuning,
         });
         let (r, w) = ctrl.split();
         ControlWriter::new(w).send(&request).await?;
         match ControlReader::new(r).expect().await? {
-            Message::Accepted { .. } => {}
+            Message::Accepted { notes, .. } => report.notes.extend(notes),
             Message::Abort { message } => return Err(Error::Refused(message)),
             other => {
                 return Err(Error::Malformed(format!(
@@ -272,14 +324,13 @@ impl Client {
                 )))
             }
         }
-        let data_opts = SocketOptions {
-            nodelay: false,
-            max_pacing_rate: if we_send { self.opts.pace } else { None },
-            ..Default::default()
-        };
         let mut joins = JoinSet::new();
-        for ch in 0..self.opts.channels {
-            let (opts, key, peer) = (data_opts.clone(), skey.clone(), peer.clone());
+        for ch in 0..n {
+            let (opts, key, peer) = (
+                plan.options[ch as usize].clone(),
+                skey.clone(),
+                peer.clone(),
+            );
             joins.spawn(async move {
                 let mut s = timed_connect(addr, &opts).await?;
                 handshake::client_join(&mut s, &key, session, ch, &peer).await?;
@@ -291,10 +342,85 @@ impl Client {
             channels.push(j.map_err(|e| Error::Malformed(format!("join task: {e}")))??);
         }
         channels.sort_by_key(|c| c.0);
+        let channels: Vec<TcpStream> = channels.into_iter().map(|c| c.1).collect();
+        if we_send {
+            for (i, c) in channels.iter().enumerate() {
+                live.telemetry
+                    .set_setup(read_setup(c, i, &plan.options[i], stagger[i])?);
+            }
+        }
         Ok(Opened {
             ctrl,
-            channels: channels.into_iter().map(|c| c.1).collect(),
+            channels,
+            stagger,
+            tuning: report,
         })
+    }
+
+    /// The transport settings of the request, for a path RTT.
+    fn tuning_request(&self, rtt: Duration, trace: bool) -> Tuning {
+        let n = self.opts.channels;
+        Tuning {
+            cc: self.opts.cc.clone(),
+            buffer: bdp::request(self.opts.buffer, self.opts.rate_bps, rtt, n),
+            pace: pacing_caps(self.opts.pace, n, self.opts.rate_bps),
+            stagger_us: vec![0; n as usize],
+            rtt_us: rtt.as_micros() as u64,
+            interval_ms: self.opts.interval.as_millis().clamp(10, u32::MAX as u128) as u32,
+            trace,
+        }
+    }
+
+    async fn connect_control(&self, addrs: &[SocketAddr]) -> Result<(SocketAddr, TcpStream)> {
+        let ctl_opts = SocketOptions {
+            nodelay: true,
+            ..Default::default()
+        };
+        let mut last_err = None;
+        for a in addrs {
+            match timed_connect(*a, &ctl_opts).await {
+                Ok(s) => return Ok((*a, s)),
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(last_err.expect("at least one address was tried"))
+    }
+}
+
+/// The path RTT: the fastest of a few ping exchanges on the control connection, or the
+/// connection's `TCP_INFO` minimum RTT if lower (it excludes the peers' scheduling delay).
+async fn measure_rtt(ctrl: &mut TcpStream) -> Result<Duration> {
+    let mut best = Duration::MAX;
+    {
+        let (r, w) = ctrl.split();
+        let (mut r, mut w) = (ControlReader::new(r), ControlWriter::new(w));
+        for seq in 0..PINGS {
+            let t = Instant::now();
+            w.send(&Message::Ping { seq }).await?;
+            match r.expect().await? {
+                Message::Pong { seq: s } if s == seq => best = best.min(t.elapsed()),
+                Message::Abort { message } => return Err(Error::Refused(message)),
+                other => return Err(Error::Malformed(format!("expected a pong, got {other:?}"))),
+            }
+        }
+    }
+    if let Ok(info) = tcp_info(ctrl) {
+        if info.min_rtt_us > 0 {
+            best = best.min(Duration::from_micros(info.min_rtt_us as u64));
+        }
+    }
+    Ok(best)
+}
+
+/// Says in words what a buffer request means.
+fn describe_buffer(b: BufferRequest) -> String {
+    match b {
+        BufferRequest::Kernel => "kernel autotuning".into(),
+        BufferRequest::Fixed(n) => format!("fixed request of {n} bytes per socket"),
+        BufferRequest::Window(w) => format!(
+            "sized to a window of {w} bytes per channel (BDP share x {})",
+            bdp::HEADROOM
+        ),
     }
 }
 

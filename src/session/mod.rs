@@ -10,6 +10,8 @@ pub mod report;
 pub mod sender;
 pub mod server;
 pub mod source;
+pub mod telemetry;
+pub mod tuning;
 pub mod wire;
 
 use crate::channels::auth::TokenKey;

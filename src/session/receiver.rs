@@ -26,6 +26,9 @@ use crate::fsio::dest::{Destination, Layout};
 use crate::fsio::ns_to_system_time;
 use crate::fsio::partial::{prepare, FileMeta, PartialFile, Prepared, StreamSink};
 
+/// How long a receiver waits for the sender's final telemetry after the last file.
+const FINAL_TELEMETRY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Where received data goes.
 #[derive(Clone)]
 pub enum Sink {
@@ -62,6 +65,9 @@ pub struct ReceiveEngine<R, W> {
     pub live: Arc<LiveStats>,
     /// Key of the block digests.
     pub digest_key: DigestKey,
+    /// Whether the sender forwards telemetry (a sending server): absorb it, and wait for its
+    /// final batch after the last file.
+    pub await_telemetry: bool,
 }
 
 impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
@@ -88,7 +94,26 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         // On success the channel tasks end when the sender, having seen every FileDone,
         // closes its channels.
         let result = self.drive(&shared, ev_rx, &mut tasks).await;
-        conclude(result, &mut self.ctrl_w, tasks).await
+        let out = conclude(result, &mut self.ctrl_w, tasks).await?;
+        if self.await_telemetry {
+            self.final_telemetry().await;
+        }
+        Ok(out)
+    }
+
+    /// Absorbs telemetry until the sender's final batch (or its close, or a short timeout:
+    /// the data is already safe, only the report would lack the last samples).
+    async fn final_telemetry(&mut self) {
+        let deadline = tokio::time::Instant::now() + FINAL_TELEMETRY_WAIT;
+        while let Ok(Ok(Message::Telemetry(b))) =
+            tokio::time::timeout_at(deadline, self.ctrl_r.expect()).await
+        {
+            let last = b.last;
+            self.live.telemetry.absorb(b);
+            if last {
+                break;
+            }
+        }
     }
 
     async fn drive(
@@ -118,6 +143,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                         let v = lock(shared).tracker.on_sealed(file, digests)?;
                         self.act(shared, file, v, &mut commits, &mut out).await?;
                     }
+                    Message::Telemetry(b) if self.await_telemetry => self.live.telemetry.absorb(b),
                     Message::Abort { message } => return Err(Error::PeerAborted(message)),
                     other => return Err(Violation(format!("unexpected {other:?}")).into()),
                 },

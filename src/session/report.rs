@@ -5,6 +5,9 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use super::telemetry::{Telemetry, SAMPLE_PERIOD};
+use crate::metrics::{jain, loss_sync, SyncReport};
+
 /// Counters updated by the data channels while a transfer runs; a caller may poll them
 /// (e.g. for a progress display) from another task.
 #[derive(Debug)]
@@ -13,6 +16,8 @@ pub struct LiveStats {
     expected: AtomicU64,
     files_done: AtomicU64,
     started: Instant,
+    /// `TCP_INFO` samples, settings in force and loss events of the sending channels.
+    pub telemetry: Telemetry,
 }
 
 impl LiveStats {
@@ -23,6 +28,7 @@ impl LiveStats {
             expected: AtomicU64::new(0),
             files_done: AtomicU64::new(0),
             started: Instant::now(),
+            telemetry: Telemetry::new(channels),
         }
     }
 
@@ -96,6 +102,39 @@ pub struct ChannelReport {
     pub bytes: u64,
     /// Payload bits per second over the transfer's duration.
     pub goodput_bps: f64,
+    /// Congestion control in force on the sending socket (read back from the kernel).
+    pub cc: Option<String>,
+    /// Sending socket's `SO_SNDBUF` read back, bytes.
+    pub send_buffer: Option<u64>,
+    /// Pacing cap on the sending socket, bits/s.
+    pub pace_bps: Option<u64>,
+    /// Planned start offset, seconds.
+    pub stagger_s: Option<f64>,
+    /// When the channel sent its first block, seconds after the data phase began.
+    pub started_s: Option<f64>,
+    /// Segments retransmitted (last `TCP_INFO` sample).
+    pub retransmits: Option<u32>,
+    /// Entries into loss recovery seen by the sampler.
+    pub loss_events: usize,
+    /// Congestion window at the last sample, segments.
+    pub cwnd: Option<u32>,
+    /// Smoothed RTT at the last sample, microseconds.
+    pub rtt_us: Option<u32>,
+}
+
+/// The path and transport settings a transfer ran with.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TuningReport {
+    /// RTT the plan used, microseconds (measured, or given with `--rtt`).
+    pub rtt_us: u64,
+    /// Bottleneck rate the plan used, bits/s, if known.
+    pub rate_bps: Option<u64>,
+    /// Where the rate came from: `given`, `interface` (an upper bound) or `unknown`.
+    pub rate_source: String,
+    /// The buffer setting both ends applied.
+    pub buffer: String,
+    /// Limits that kept a setting below what the path needs, with the fix (both ends).
+    pub notes: Vec<String>,
 }
 
 /// The result of a transfer, as printed in the `summary` JSON event.
@@ -123,7 +162,15 @@ pub struct TransferReport {
     pub blocks_resent: u64,
     /// Block size in bytes.
     pub block_size: u32,
-    /// Per-channel bytes and goodput.
+    /// Path and transport settings.
+    pub tuning: TuningReport,
+    /// Segments retransmitted over all channels.
+    pub retransmits: u64,
+    /// Jain's fairness index over the channels' goodputs.
+    pub fairness_jain: Option<f64>,
+    /// Loss synchronization of the channels (seed 003, Expr. 4.1 and 4.2), if any losses.
+    pub loss_sync: Option<SyncReport>,
+    /// Per-channel bytes, goodput and transport state.
     pub channels: Vec<ChannelReport>,
 }
 
@@ -136,10 +183,27 @@ impl TransferReport {
         out: SideOutcome,
         block_size: u32,
         took: std::time::Duration,
+        tuning: TuningReport,
     ) -> Self {
         let seconds = took.as_secs_f64().max(1e-9);
         let per = live.channel_bytes();
         let bytes: u64 = per.iter().sum();
+        let setups = live.telemetry.setups();
+        let latest = live.telemetry.latest();
+        let losses = live.telemetry.losses();
+        let goodputs: Vec<f64> = per.iter().map(|b| *b as f64 * 8.0 / seconds).collect();
+        // Losses of one congestion event are seen up to a sampling period apart, and the
+        // event lasts about one RTT (queueing included: the largest smoothed RTT).
+        let srtt_max = latest
+            .iter()
+            .flatten()
+            .map(|s| s.tcp.rtt_us)
+            .max()
+            .unwrap_or(0) as f64
+            / 1e6;
+        let window = srtt_max
+            .max(tuning.rtt_us as f64 / 1e6)
+            .max(2.0 * SAMPLE_PERIOD.as_secs_f64());
         TransferReport {
             operation: operation.to_string(),
             bytes,
@@ -152,13 +216,34 @@ impl TransferReport {
             bytes_resumed: out.bytes_resumed,
             blocks_resent: out.blocks_resent,
             block_size,
+            tuning,
+            retransmits: latest
+                .iter()
+                .flatten()
+                .map(|s| s.tcp.total_retrans as u64)
+                .sum(),
+            fairness_jain: jain(&goodputs),
+            loss_sync: loss_sync(&losses, per.len(), window),
             channels: per
                 .into_iter()
                 .enumerate()
-                .map(|(index, b)| ChannelReport {
-                    index,
-                    bytes: b,
-                    goodput_bps: b as f64 * 8.0 / seconds,
+                .map(|(index, b)| {
+                    let setup = setups.get(index).cloned().flatten();
+                    let last = latest.get(index).copied().flatten();
+                    ChannelReport {
+                        index,
+                        bytes: b,
+                        goodput_bps: goodputs[index],
+                        cc: setup.as_ref().map(|s| s.cc.clone()),
+                        send_buffer: setup.as_ref().map(|s| s.send_buffer),
+                        pace_bps: setup.as_ref().and_then(|s| s.pace_bps),
+                        stagger_s: setup.as_ref().map(|s| s.stagger_s),
+                        started_s: setup.as_ref().and_then(|s| s.started_s),
+                        retransmits: last.map(|s| s.tcp.total_retrans),
+                        loss_events: losses.iter().filter(|l| l.flow == index).count(),
+                        cwnd: last.map(|s| s.tcp.cwnd),
+                        rtt_us: last.map(|s| s.tcp.rtt_us),
+                    }
                 })
                 .collect(),
         }

@@ -5,6 +5,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -47,6 +48,8 @@ pub struct SendEngine<R, W> {
     pub ctrl_w: ControlWriter<W>,
     /// Data channels, in index order.
     pub channels: Vec<TcpStream>,
+    /// Start offset of each channel (staggered starts); missing entries start at once.
+    pub stagger: Vec<Duration>,
     /// What to send.
     pub source: SendSource,
     /// Block size of the session.
@@ -57,6 +60,8 @@ pub struct SendEngine<R, W> {
     pub digest_key: DigestKey,
     /// Test-only damage.
     pub faults: FaultInjection,
+    /// Forward telemetry to the peer at this interval (a sending server).
+    pub forward_telemetry: Option<Duration>,
 }
 
 impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
@@ -66,9 +71,11 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
         let (hashed_tx, hashed_rx) = mpsc::unbounded_channel();
         let mut tasks = JoinSet::new();
         let counter = Arc::new(AtomicU64::new(0));
+        let began = tokio::time::Instant::now();
         for (i, stream) in std::mem::take(&mut self.channels).into_iter().enumerate() {
             let ch = ChannelSender {
                 index: i,
+                start_at: began + self.stagger.get(i).copied().unwrap_or_default(),
                 stream,
                 jobs: jobs_rx.clone(),
                 reader: self.source.reader(),
@@ -81,7 +88,13 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
             tasks.spawn(ch.run());
         }
         drop(hashed_tx);
-        let result = self.drive(&jobs_tx, hashed_rx, &mut tasks).await;
+        let mut result = self.drive(&jobs_tx, hashed_rx, &mut tasks).await;
+        if result.is_ok() && self.forward_telemetry.is_some() {
+            let last = Message::Telemetry(self.live.telemetry.take_batch(true));
+            if let Err(e) = self.ctrl_w.send(&last).await {
+                result = Err(e);
+            }
+        }
         // Closing the queue lets the channel tasks finish and shut their streams down.
         jobs_tx.close();
         conclude(result, &mut self.ctrl_w, tasks).await
@@ -97,6 +110,8 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
         let mut out = SideOutcome::default();
         let mut announced = 0u64;
         let mut done = 0u64;
+        let period = self.forward_telemetry.unwrap_or(Duration::from_secs(3600));
+        let mut report = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         loop {
             let rate = self.live.total() as f64 / self.live.elapsed().max(1e-3);
             while let Some((entries, last)) = self.source.next_chunk(announced - done, rate) {
@@ -151,6 +166,10 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                     channel_ended(r)?;
                     return Err(Error::PeerVanished);
                 }
+                _ = report.tick(), if self.forward_telemetry.is_some() => {
+                    let batch = self.live.telemetry.take_batch(false);
+                    self.ctrl_w.send(&Message::Telemetry(batch)).await?;
+                }
             }
         }
         out.files = announced;
@@ -164,6 +183,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
 
 struct ChannelSender {
     index: usize,
+    start_at: tokio::time::Instant,
     stream: TcpStream,
     jobs: async_channel::Receiver<Job>,
     reader: BlockReader,
@@ -177,7 +197,15 @@ struct ChannelSender {
 impl ChannelSender {
     async fn run(mut self) -> Result<()> {
         let mut buf = Vec::new();
+        tokio::time::sleep_until(self.start_at).await;
+        let mut started = false;
         while let Ok(job) = self.jobs.recv().await {
+            if !started {
+                started = true;
+                self.live
+                    .telemetry
+                    .mark_started(self.index, self.live.elapsed());
+            }
             let data: &[u8] = match &self.reader {
                 BlockReader::Pattern(p) => &p[..job.len as usize],
                 BlockReader::Tree(t) => {

@@ -16,6 +16,8 @@ use super::receiver::{ReceiveEngine, Sink};
 use super::report::LiveStats;
 use super::sender::{FaultInjection, SendEngine};
 use super::source::SendSource;
+use super::telemetry::{duplicate, spawn_sampler};
+use super::tuning::{local_plan, read_setup, LocalPlan, Side};
 use super::wire::{ControlReader, ControlWriter};
 use super::Auth;
 use crate::channels::auth::{self, Hello, SessionId, SessionKey, TokenKey};
@@ -166,17 +168,27 @@ async fn control(
 ) -> Result<()> {
     let (r, w) = ctrl.into_split();
     let (mut r, mut w) = (ControlReader::new(r), ControlWriter::new(w));
-    let req = match r.expect().await? {
-        Message::Request(req) => req,
-        other => {
-            return Err(Error::Malformed(format!(
-                "expected a request, got {other:?}"
-            )))
+    let req = loop {
+        match r.expect().await? {
+            Message::Ping { seq } => w.send(&Message::Pong { seq }).await?,
+            Message::Request(req) => break req,
+            other => {
+                return Err(Error::Malformed(format!(
+                    "expected a request, got {other:?}"
+                )))
+            }
         }
     };
     // Check everything that can be checked before any data channel is opened.
-    let role = match prepare_role(&state, &req) {
-        Ok(role) => role,
+    let prepared = prepare_role(&state, &req).and_then(|role| {
+        let side = match role {
+            Role::Send(_) => Side::Send,
+            Role::Receive(_) => Side::Receive,
+        };
+        Ok((role, local_plan(&req.tuning, side, req.channels, "server")?))
+    });
+    let (role, plan) = match prepared {
+        Ok(p) => p,
         Err(e) => {
             // Tell the client what was wrong in its own terms: paths relative to the root,
             // never where the root is on the server.
@@ -196,7 +208,11 @@ async fn control(
             tx,
         },
     );
-    w.send(&Message::Accepted { channels: n }).await?;
+    w.send(&Message::Accepted {
+        channels: n,
+        notes: plan.notes.clone(),
+    })
+    .await?;
     let deadline = Instant::now() + JOIN_TIMEOUT;
     let mut channels: Vec<(u16, TcpStream)> = Vec::with_capacity(n as usize);
     while channels.len() < n as usize {
@@ -216,8 +232,12 @@ async fn control(
         return Err(e);
     }
     channels.sort_by_key(|c| c.0);
-    let mut channels: Vec<TcpStream> = channels.into_iter().map(|c| c.1).collect();
+    let channels: Vec<TcpStream> = channels.into_iter().map(|c| c.1).collect();
     let live = Arc::new(LiveStats::new(channels.len()));
+    if let Err(e) = apply_plan(&channels, &plan, &req, &role, &live) {
+        w.abort(&e).await;
+        return Err(e);
+    }
     let (block_size, faults) = (req.block_size, state.faults);
     let out = match role {
         Role::Receive(sink) => {
@@ -229,32 +249,29 @@ async fn control(
                 block_size,
                 live: live.clone(),
                 digest_key: state.key.digest_key(),
+                await_telemetry: false,
             }
             .run()
             .await
         }
         Role::Send(source) => {
-            if let Some(rate) = req.pace_bps {
-                for c in &channels {
-                    transport::set_max_pacing_rate(c, rate)
-                        .map_err(Error::io("setting the pacing rate"))?;
-                }
-            }
-            for c in &mut channels {
-                c.set_nodelay(false).ok();
-            }
-            SendEngine {
+            let sampler = spawn_sampler(duplicate(&channels)?, live.clone());
+            let out = SendEngine {
                 ctrl_r: r,
                 ctrl_w: w,
                 channels,
+                stagger: stagger_of(&req),
                 source,
                 block_size,
                 live: live.clone(),
                 digest_key: state.key.digest_key(),
                 faults,
+                forward_telemetry: Some(Duration::from_millis(req.tuning.interval_ms as u64)),
             }
             .run()
-            .await
+            .await;
+            sampler.abort();
+            out
         }
     }?;
     tracing::info!(
@@ -264,6 +281,38 @@ async fn control(
         out.files_skipped
     );
     Ok(())
+}
+
+/// Applies this end's socket options to the joined data channels; on the sending side,
+/// records the settings in force and starts keeping a trace if the client wants one.
+fn apply_plan(
+    channels: &[TcpStream],
+    plan: &LocalPlan,
+    req: &Request,
+    role: &Role,
+    live: &LiveStats,
+) -> Result<()> {
+    let stagger = stagger_of(req);
+    for (i, (c, opts)) in channels.iter().zip(&plan.options).enumerate() {
+        c.set_nodelay(false).ok();
+        opts.apply(c)
+            .map_err(Error::io(format!("configuring data channel {i}")))?;
+        if matches!(role, Role::Send(_)) {
+            live.telemetry
+                .set_setup(read_setup(c, i, opts, stagger[i])?);
+        }
+    }
+    if req.tuning.trace && matches!(role, Role::Send(_)) {
+        live.telemetry.enable_trace();
+    }
+    Ok(())
+}
+
+/// The requested start offset of each channel.
+fn stagger_of(req: &Request) -> Vec<Duration> {
+    (0..req.channels as usize)
+        .map(|i| Duration::from_micros(req.tuning.stagger_us.get(i).copied().unwrap_or(0)))
+        .collect()
 }
 
 enum Role {

@@ -5,4 +5,5 @@
 pub mod bdp;
 pub mod defaults;
 pub mod desync;
+pub mod registry;
 pub mod sysctl;

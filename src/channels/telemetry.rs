@@ -1,0 +1,53 @@
+//! What the sending side observes of its data channels, in the form it travels to the client
+//! when the server sends (a pull): each channel's settings in force, periodic `TCP_INFO`
+//! samples, and loss events for the synchronization metrics.
+
+use serde::{Deserialize, Serialize};
+
+use crate::metrics::LossEvent;
+use crate::transport::tcp_info::TcpSample;
+
+/// The settings in force on one sending channel, as read back from the kernel.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChannelSetup {
+    /// Channel index.
+    pub index: u16,
+    /// Congestion control the kernel reports for the socket.
+    pub cc: String,
+    /// `SO_SNDBUF` read back, bytes.
+    pub send_buffer: u64,
+    /// `SO_RCVBUF` read back, bytes.
+    pub recv_buffer: u64,
+    /// Pacing cap (`SO_MAX_PACING_RATE`), bits/s, if any.
+    pub pace_bps: Option<u64>,
+    /// Planned start offset, seconds after the data phase began.
+    pub stagger_s: f64,
+    /// When the channel sent its first block, seconds after the data phase began.
+    pub started_s: Option<f64>,
+}
+
+/// One `TCP_INFO` reading of one channel.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    /// Seconds since the sending side's data phase began.
+    pub t: f64,
+    /// Channel index.
+    pub channel: u16,
+    /// The kernel's view of the connection.
+    pub tcp: TcpSample,
+}
+
+/// A batch of telemetry, sent by a sending server once per reporting interval.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct TelemetryBatch {
+    /// Settings of every channel (known ones).
+    pub setups: Vec<ChannelSetup>,
+    /// The latest sample of every channel.
+    pub latest: Vec<Sample>,
+    /// Loss events since the previous batch.
+    pub losses: Vec<LossEvent>,
+    /// Fine-grained samples since the previous batch (only when a trace was asked for).
+    pub trace: Vec<Sample>,
+    /// True on the final batch of the session.
+    pub last: bool,
+}

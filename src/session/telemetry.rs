@@ -1,0 +1,233 @@
+//! Per-channel telemetry of a running transfer: the sending side samples `TCP_INFO` of its
+//! data sockets every [`SAMPLE_PERIOD`], detects loss events, and keeps the latest sample,
+//! the settings in force and (when asked) a fine-grained trace. A sending server forwards it
+//! to the client in [`TelemetryBatch`]es; the client absorbs them into the same state, so
+//! displays and reports read one place whichever side sends.
+
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::channels::telemetry::{ChannelSetup, Sample, TelemetryBatch};
+use crate::metrics::{LossDetector, LossEvent};
+use crate::transport::tcp_info::tcp_info;
+
+use super::report::LiveStats;
+
+/// How often the sender reads `TCP_INFO`: fine enough to see each entry into loss recovery
+/// (a recovery lasts at least one RTT) and to draw cwnd traces.
+pub const SAMPLE_PERIOD: Duration = Duration::from_millis(10);
+
+#[derive(Default)]
+struct State {
+    setups: Vec<Option<ChannelSetup>>,
+    latest: Vec<Option<Sample>>,
+    detectors: Vec<LossDetector>,
+    losses: Vec<LossEvent>,
+    forwarded_losses: usize,
+    trace: Option<Vec<Sample>>,
+}
+
+/// Telemetry of one transfer; lives in [`LiveStats`].
+#[derive(Default)]
+pub struct Telemetry {
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for Telemetry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Telemetry")
+    }
+}
+
+impl Telemetry {
+    /// Empty telemetry for `channels` channels.
+    pub fn new(channels: usize) -> Self {
+        Telemetry {
+            state: Mutex::new(State {
+                setups: vec![None; channels],
+                latest: vec![None; channels],
+                detectors: vec![LossDetector::default(); channels],
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().expect("telemetry lock")
+    }
+
+    /// Keeps every sample from now on, for [`Telemetry::take_trace`].
+    pub fn enable_trace(&self) {
+        self.lock().trace.get_or_insert_with(Vec::new);
+    }
+
+    /// Whether a trace is being kept.
+    pub fn tracing(&self) -> bool {
+        self.lock().trace.is_some()
+    }
+
+    /// Records the settings in force on a channel.
+    pub fn set_setup(&self, setup: ChannelSetup) {
+        let mut s = self.lock();
+        let i = setup.index as usize;
+        if i < s.setups.len() {
+            s.setups[i] = Some(setup);
+        }
+    }
+
+    /// Records when a channel sent its first block.
+    pub fn mark_started(&self, channel: usize, t: f64) {
+        if let Some(Some(setup)) = self.lock().setups.get_mut(channel) {
+            setup.started_s.get_or_insert(t);
+        }
+    }
+
+    /// Records one sample, detecting a loss event.
+    pub fn record(&self, sample: Sample) {
+        let mut s = self.lock();
+        let i = sample.channel as usize;
+        if i >= s.latest.len() {
+            return;
+        }
+        if s.detectors[i].on_sample(sample.tcp.recovering(), sample.tcp.total_retrans) {
+            s.losses.push(LossEvent {
+                flow: i,
+                at: sample.t,
+            });
+        }
+        s.latest[i] = Some(sample);
+        if let Some(t) = s.trace.as_mut() {
+            t.push(sample);
+        }
+    }
+
+    /// Takes what a sending server forwards: all setups, the latest samples, losses and trace
+    /// samples since the previous batch.
+    pub fn take_batch(&self, last: bool) -> TelemetryBatch {
+        let mut s = self.lock();
+        let losses = s.losses[s.forwarded_losses..].to_vec();
+        s.forwarded_losses = s.losses.len();
+        TelemetryBatch {
+            setups: s.setups.iter().flatten().cloned().collect(),
+            latest: s.latest.iter().flatten().copied().collect(),
+            losses,
+            trace: s.trace.as_mut().map(std::mem::take).unwrap_or_default(),
+            last,
+        }
+    }
+
+    /// Absorbs a batch forwarded by the sending server.
+    pub fn absorb(&self, batch: TelemetryBatch) {
+        for setup in batch.setups {
+            self.set_setup(setup);
+        }
+        let mut s = self.lock();
+        for sample in batch.latest {
+            if let Some(slot) = s.latest.get_mut(sample.channel as usize) {
+                *slot = Some(sample);
+            }
+        }
+        s.losses.extend(batch.losses);
+        if let Some(t) = s.trace.as_mut() {
+            t.extend(batch.trace);
+        }
+    }
+
+    /// Settings of each channel, where known.
+    pub fn setups(&self) -> Vec<Option<ChannelSetup>> {
+        self.lock().setups.clone()
+    }
+
+    /// Latest sample of each channel, where known.
+    pub fn latest(&self) -> Vec<Option<Sample>> {
+        self.lock().latest.clone()
+    }
+
+    /// Every loss event so far.
+    pub fn losses(&self) -> Vec<LossEvent> {
+        self.lock().losses.clone()
+    }
+
+    /// Takes the trace samples kept since the previous call.
+    pub fn take_trace(&self) -> Vec<Sample> {
+        self.lock()
+            .trace
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+}
+
+/// Duplicates the data sockets' descriptors for [`spawn_sampler`].
+pub fn duplicate(channels: &[tokio::net::TcpStream]) -> crate::Result<Vec<OwnedFd>> {
+    use std::os::fd::AsFd;
+    channels
+        .iter()
+        .map(|c| c.as_fd().try_clone_to_owned())
+        .collect::<std::io::Result<_>>()
+        .map_err(crate::Error::io("duplicating a data socket for telemetry"))
+}
+
+/// Samples `TCP_INFO` of the sending sockets (duplicated descriptors, so a socket stays
+/// readable after its channel finished) every [`SAMPLE_PERIOD`] until the task is aborted.
+pub fn spawn_sampler(sockets: Vec<OwnedFd>, live: Arc<LiveStats>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(SAMPLE_PERIOD);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tick.tick().await;
+            let t = live.elapsed();
+            for (i, fd) in sockets.iter().enumerate() {
+                if let Ok(tcp) = tcp_info(fd) {
+                    live.telemetry.record(Sample {
+                        t,
+                        channel: i as u16,
+                        tcp,
+                    });
+                }
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::tcp_info::{TcpSample, CA_RECOVERY};
+
+    fn sample(t: f64, channel: u16, ca_state: u8, total_retrans: u32) -> Sample {
+        Sample {
+            t,
+            channel,
+            tcp: TcpSample {
+                ca_state,
+                total_retrans,
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn batches_forward_each_loss_once_and_absorb_rebuilds_the_state() {
+        let sender = Telemetry::new(2);
+        sender.enable_trace();
+        sender.record(sample(0.01, 0, 0, 0));
+        sender.record(sample(0.02, 0, CA_RECOVERY, 1));
+        let b1 = sender.take_batch(false);
+        sender.record(sample(0.03, 1, CA_RECOVERY, 2));
+        let b2 = sender.take_batch(true);
+        assert_eq!(b1.losses, vec![LossEvent { flow: 0, at: 0.02 }]);
+        assert_eq!(b2.losses, vec![LossEvent { flow: 1, at: 0.03 }]);
+        assert_eq!((b1.trace.len(), b2.trace.len()), (2, 1));
+        let client = Telemetry::new(2);
+        client.absorb(b1);
+        client.absorb(b2);
+        assert_eq!(client.losses(), sender.losses());
+        assert_eq!(client.latest(), sender.latest());
+        assert!(
+            client.take_trace().is_empty(),
+            "no trace kept unless enabled"
+        );
+    }
+}

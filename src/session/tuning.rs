@@ -1,0 +1,101 @@
+//! Applying a session's [`Tuning`] on this host: the socket options of each data channel for
+//! this end's role (sender: congestion control, send buffer, pacing; receiver: receive
+//! buffer), planned against this host's limits, and what the kernel granted, read back.
+
+use std::os::fd::AsFd;
+use std::time::Duration;
+
+use crate::channels::control::Tuning;
+use crate::channels::telemetry::ChannelSetup;
+use crate::error::{Error, Result};
+use crate::transport::buffers::granted;
+use crate::transport::cc::{self, CcCatalog};
+use crate::transport::SocketOptions;
+use crate::tuning::bdp::{self, Direction};
+use crate::tuning::registry;
+use crate::tuning::sysctl::BufferLimits;
+
+/// Which end of the data flow this host is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// This host sends the data.
+    Send,
+    /// This host receives the data.
+    Receive,
+}
+
+/// The data-socket options of this host, per channel, and what its limits prevented.
+#[derive(Debug, Clone)]
+pub struct LocalPlan {
+    /// Options of channel i.
+    pub options: Vec<SocketOptions>,
+    /// Limits that keep a setting below what the path needs, with the fix.
+    pub notes: Vec<String>,
+}
+
+/// Plans this host's data-socket options. On the sending side, every congestion control
+/// named must be selectable here (`host` names this machine in the refusal).
+pub fn local_plan(t: &Tuning, side: Side, channels: u16, host: &str) -> Result<LocalPlan> {
+    if side == Side::Send {
+        check_congestion(t, host)?;
+    }
+    let limits = BufferLimits::read().map_err(Error::io("reading socket buffer limits"))?;
+    let (dir, dir_limits) = match side {
+        Side::Send => (Direction::Send, limits.send),
+        Side::Receive => (Direction::Receive, limits.receive),
+    };
+    let rtt = Duration::from_micros(t.rtt_us);
+    let plan = bdp::plan(t.buffer, &dir_limits, dir, channels, rtt);
+    let notes = plan
+        .warning
+        .iter()
+        .map(|w| format!("{host}: {w}"))
+        .collect();
+    let options = (0..channels as usize)
+        .map(|i| SocketOptions {
+            nodelay: false,
+            congestion: (side == Side::Send)
+                .then(|| t.cc_of(i))
+                .flatten()
+                .map(str::to_string),
+            send_buffer: (side == Side::Send).then_some(plan.request).flatten(),
+            recv_buffer: (side == Side::Receive).then_some(plan.request).flatten(),
+            max_pacing_rate: (side == Side::Send)
+                .then(|| t.pace.get(i).copied().flatten())
+                .flatten(),
+        })
+        .collect();
+    Ok(LocalPlan { options, notes })
+}
+
+/// Refuses congestion controls this host cannot select, naming what is available.
+pub fn check_congestion(t: &Tuning, host: &str) -> Result<()> {
+    if t.cc.is_empty() {
+        return Ok(());
+    }
+    let cat = CcCatalog::read().map_err(Error::io("reading the available congestion controls"))?;
+    for name in &t.cc {
+        registry::check_usable(&cat, name, cc::privileged(), host).map_err(Error::Usage)?;
+    }
+    Ok(())
+}
+
+/// Reads back the settings in force on sending channel `index`.
+pub fn read_setup(
+    sock: &impl AsFd,
+    index: usize,
+    opts: &SocketOptions,
+    stagger: Duration,
+) -> Result<ChannelSetup> {
+    let ctx = || format!("reading the settings of data channel {index}");
+    let bufs = granted(sock).map_err(Error::io(ctx()))?;
+    Ok(ChannelSetup {
+        index: index as u16,
+        cc: cc::congestion(sock).map_err(Error::io(ctx()))?,
+        send_buffer: bufs.send,
+        recv_buffer: bufs.receive,
+        pace_bps: opts.max_pacing_rate.map(|b| b * 8),
+        stagger_s: stagger.as_secs_f64(),
+        started_s: None,
+    })
+}
