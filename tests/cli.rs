@@ -215,24 +215,49 @@ fn json_events_follow_the_documented_schema() {
         "/dev/null",
     ]);
     assert!(out.status.success());
-    let text = String::from_utf8(out.stdout).unwrap();
-    let events: Vec<serde_json::Value> = text
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("every line is JSON"))
-        .collect();
+    let events = common::validated_events(&out.stdout);
     assert_eq!(events[0]["type"], "start");
     assert_eq!(events[0]["schema"], 2);
     let s = events.last().unwrap();
     assert_eq!(s["type"], "summary");
     assert_eq!(s["bytes"], 9 << 20);
     assert_eq!(s["verified"], true);
-    assert!(s["seconds"].as_f64().unwrap() > 0.0);
-    assert!(s["goodput_bps"].as_f64().unwrap() > 0.0);
     let channels = s["channels"].as_array().unwrap();
     assert_eq!(channels.len(), 3);
     let total: u64 = channels.iter().map(|c| c["bytes"].as_u64().unwrap()).sum();
     assert_eq!(total, 9 << 20);
-    assert!(channels.iter().all(|c| c["goodput_bps"].is_number()));
+    // The server sent: its settings reached the client's report.
+    assert!(
+        channels
+            .iter()
+            .all(|c| c["cc"].is_string() && c["send_buffer"].is_u64()),
+        "{s}"
+    );
+
+    // A timed bench reports every channel at each interval, with its TCP state.
+    let out = hsxfer(&[
+        "bench",
+        "-n",
+        "2",
+        "--no-auth",
+        "--json",
+        "--time",
+        "1",
+        "--interval",
+        "200ms",
+        "--port",
+        &port.to_string(),
+        "127.0.0.1",
+    ]);
+    assert!(out.status.success());
+    let events = common::validated_events(&out.stdout);
+    let per_channel = |i: u64| {
+        events
+            .iter()
+            .filter(|e| e["type"] == "channel" && e["index"] == i && e["cwnd"].is_u64())
+            .count()
+    };
+    assert!(per_channel(0) >= 3 && per_channel(1) >= 3, "{events:#?}");
 }
 
 fn fails_with(args: &[&str], needle: &str) {

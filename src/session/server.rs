@@ -357,6 +357,7 @@ fn prepare_role(state: &State, req: &Request) -> Result<Role> {
         } => Role::Send(SendSource::generated(
             req.block_size,
             bench_limit(*bytes, *seconds)?,
+            req.channels,
         )),
     })
 }

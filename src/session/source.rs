@@ -45,6 +45,10 @@ pub enum SendSource {
         pattern: Bytes,
         /// When to stop.
         limit: BenchLimit,
+        /// Data channels: each generated file has at least one block per channel, so every
+        /// channel has work however slow the path (a timed bench overshoots by at most about
+        /// `GENERATED_WINDOW` blocks per channel).
+        channels: u16,
         /// Bytes announced so far.
         announced: u64,
         /// Files announced so far.
@@ -98,13 +102,14 @@ impl SendSource {
         }
     }
 
-    /// A generated source of blocks of `block_size` bytes.
-    pub fn generated(block_size: u32, limit: BenchLimit) -> Self {
+    /// A generated source of blocks of `block_size` bytes for `channels` channels.
+    pub fn generated(block_size: u32, limit: BenchLimit, channels: u16) -> Self {
         let mut pattern = vec![0u8; block_size as usize];
         rand::Rng::fill(&mut rand::thread_rng(), &mut pattern[..]);
         SendSource::Generated {
             pattern: Bytes::from(pattern),
             limit,
+            channels,
             announced: 0,
             files: 0,
             ended: false,
@@ -137,6 +142,7 @@ impl SendSource {
             SendSource::Generated {
                 pattern,
                 limit,
+                channels,
                 announced,
                 files,
                 ended,
@@ -146,7 +152,7 @@ impl SendSource {
                 }
                 let block = pattern.len() as u64;
                 let blocks = (rate * GENERATED_FILE_SECONDS) as u64 / block;
-                let file = (blocks.max(1) * block).min(GENERATED_FILE_MAX);
+                let file = (blocks.max(*channels as u64) * block).min(GENERATED_FILE_MAX);
                 let size = match *limit {
                     BenchLimit::Bytes(total) => file.min(total - *announced),
                     BenchLimit::Until(t) if Instant::now() < t => file,

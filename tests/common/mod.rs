@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
+pub mod netns;
+
 use hsxfer::{Auth, Client, FaultInjection, LiveStats, Server, ServerConfig, TransferOptions};
 use rand::{RngCore, SeedableRng};
 
@@ -125,4 +127,31 @@ pub fn make_tree(top: &Path, small: usize) {
         )
         .unwrap();
     }
+}
+
+/// Parses NDJSON output and checks every line against docs/json-schema.json.
+pub fn validated_events(stdout: &[u8]) -> Vec<serde_json::Value> {
+    let schema: serde_json::Value = serde_json::from_str(
+        &fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/docs/json-schema.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let validator = jsonschema::validator_for(&schema).expect("the schema compiles");
+    let text = String::from_utf8(stdout.to_vec()).unwrap();
+    let events: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("every line is JSON"))
+        .collect();
+    for e in &events {
+        let errors: Vec<String> = validator.iter_errors(e).map(|x| x.to_string()).collect();
+        assert!(errors.is_empty(), "{e}\n{errors:#?}");
+    }
+    // The validator is not vacuous: a summary missing a field is rejected.
+    let mut broken = events.last().unwrap().clone();
+    broken.as_object_mut().unwrap().remove("loss_sync");
+    assert!(!validator.is_valid(&broken));
+    events
 }

@@ -1,0 +1,214 @@
+//! A dumbbell path in network namespaces for tests that need a real bottleneck: sender →
+//! router → receiver over veth pairs, the router's egress toward the receiver shaped by TBF
+//! (rate, with a peak rate far above it and one-packet MTU so GSO bursts are cut into wire
+//! packets) feeding a drop-tail `pfifo` of a given number of packets. Sender segmentation
+//! offloads are off so the queue counts wire packets. Everything is removed on drop.
+
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Address of the receiver host inside its namespace.
+pub const RECEIVER: &str = "10.9.2.2";
+
+/// A dumbbell of three namespaces.
+pub struct Dumbbell {
+    prefix: String,
+}
+
+/// True when the test runs as root (namespaces need it); prints why a test is skipped if not.
+pub fn root_or_skip(test: &str) -> bool {
+    let root = nix::unistd::geteuid().is_root();
+    if !root {
+        eprintln!("SKIPPED {test}: network namespaces need root (CI runs as root)");
+    }
+    root
+}
+
+fn run(args: &[&str]) {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .expect("spawn");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Dumbbell {
+    /// Builds the path with a `rate_mbit` bottleneck and a `queue` packet drop-tail queue.
+    pub fn up(rate_mbit: u32, queue: u32) -> Dumbbell {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let prefix = format!(
+            "hx{}{}",
+            std::process::id() % 10000,
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let d = Dumbbell { prefix };
+        let (s, r, v) = (d.ns("s"), d.ns("r"), d.ns("d"));
+        for ns in [&s, &r, &v] {
+            run(&["ip", "netns", "add", ns]);
+            run(&["ip", "-n", ns, "link", "set", "lo", "up"]);
+        }
+        let (sa, ra, rb, db) = (d.dev("sa"), d.dev("ra"), d.dev("rb"), d.dev("db"));
+        run(&[
+            "ip", "link", "add", &sa, "netns", &s, "type", "veth", "peer", "name", &ra, "netns", &r,
+        ]);
+        run(&[
+            "ip", "link", "add", &rb, "netns", &r, "type", "veth", "peer", "name", &db, "netns", &v,
+        ]);
+        for (ns, dev, addr) in [
+            (&s, &sa, "10.9.1.1/24"),
+            (&r, &ra, "10.9.1.2/24"),
+            (&r, &rb, "10.9.2.1/24"),
+            (&v, &db, "10.9.2.2/24"),
+        ] {
+            run(&["ip", "-n", ns, "addr", "add", addr, "dev", dev]);
+            run(&["ip", "-n", ns, "link", "set", dev, "up"]);
+        }
+        run(&["ip", "-n", &s, "route", "add", "default", "via", "10.9.1.2"]);
+        run(&["ip", "-n", &v, "route", "add", "default", "via", "10.9.2.1"]);
+        run(&[
+            "ip",
+            "netns",
+            "exec",
+            &r,
+            "sysctl",
+            "-qw",
+            "net.ipv4.ip_forward=1",
+        ]);
+        run(&[
+            "ip", "netns", "exec", &s, "ethtool", "-K", &sa, "tso", "off", "gso", "off",
+        ]);
+        run(&[
+            "ip", "netns", "exec", &v, "ethtool", "-K", &db, "tso", "off", "gso", "off",
+        ]);
+        let rate = format!("{rate_mbit}mbit");
+        run(&[
+            "tc",
+            "-n",
+            &r,
+            "qdisc",
+            "add",
+            "dev",
+            &rb,
+            "root",
+            "handle",
+            "1:",
+            "tbf",
+            "rate",
+            &rate,
+            "burst",
+            "20000",
+            "limit",
+            "100000",
+            "peakrate",
+            "10000gbit",
+            "mtu",
+            "1514",
+        ]);
+        let limit = queue.to_string();
+        run(&[
+            "tc", "-n", &r, "qdisc", "add", "dev", &rb, "parent", "1:1", "handle", "10:", "pfifo",
+            "limit", &limit,
+        ]);
+        d
+    }
+
+    /// The namespace of `host`: `s` (sender), `r` (router) or `d` (receiver).
+    pub fn ns(&self, host: &str) -> String {
+        format!("{}{host}", self.prefix)
+    }
+
+    fn dev(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    /// A command run inside `host`'s namespace.
+    pub fn command(&self, host: &str, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns(host), program]);
+        c
+    }
+
+    /// Starts `hsxfer serve` on the receiver host with a token.
+    pub fn serve(&self, root: &std::path::Path, token: &std::path::Path, port: u16) -> ServerProc {
+        let child = self
+            .command("d", env!("CARGO_BIN_EXE_hsxfer"))
+            .args([
+                "serve",
+                "--root",
+                root.to_str().unwrap(),
+                "--listen",
+                RECEIVER,
+            ])
+            .args([
+                "--port",
+                &port.to_string(),
+                "--token-file",
+                token.to_str().unwrap(),
+            ])
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the server");
+        // Wait until it accepts connections.
+        for _ in 0..100 {
+            let probe = self
+                .command("s", "bash")
+                .args(["-c", &format!("exec 3<>/dev/tcp/{RECEIVER}/{port}")])
+                .output()
+                .unwrap();
+            if probe.status.success() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        ServerProc(child)
+    }
+
+    /// Runs `hsxfer ARGS` on the sender host and waits for it.
+    pub fn client(&self, args: &[&str]) -> Output {
+        self.command("s", env!("CARGO_BIN_EXE_hsxfer"))
+            .args(args)
+            .output()
+            .expect("run the client")
+    }
+
+    /// The bottleneck queue's statistics line (`Sent ... dropped ...`).
+    pub fn bottleneck_stats(&self) -> String {
+        let out = Command::new("tc")
+            .args([
+                "-n",
+                &self.ns("r"),
+                "-s",
+                "qdisc",
+                "show",
+                "dev",
+                &self.dev("rb"),
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for Dumbbell {
+    fn drop(&mut self) {
+        for host in ["s", "r", "d"] {
+            let _ = Command::new("ip")
+                .args(["netns", "del", &self.ns(host)])
+                .output();
+        }
+    }
+}
+
+/// A server process, killed on drop.
+pub struct ServerProc(Child);
+
+impl Drop for ServerProc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

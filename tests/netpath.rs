@@ -1,0 +1,366 @@
+//! Transport settings checked with real transfers through a namespace bottleneck (TBF +
+//! drop-tail `pfifo`): congestion control per channel, buffer sizes against the plan and
+//! its clamp warning, pacing caps, staggered starts, loss events. Needs root; prints SKIPPED
+//! otherwise (CI runs as root).
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Output, Stdio};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use common::netns::{root_or_skip, Dumbbell, ServerProc, RECEIVER};
+use serde_json::Value;
+
+/// One bottleneck test at a time: they measure rates on a 2-core machine.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const PORT: u16 = 7433;
+
+struct Path {
+    net: Dumbbell,
+    _server: ServerProc,
+    token: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn path(rate_mbit: u32, queue: u32) -> Path {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "netpath-test-token").unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let net = Dumbbell::up(rate_mbit, queue);
+    let server = net.serve(&root, &token, PORT);
+    Path {
+        net,
+        _server: server,
+        token,
+        _dir: dir,
+    }
+}
+
+impl Path {
+    fn bench_args(&self, extra: &[&str]) -> Vec<String> {
+        let mut a: Vec<String> = ["bench", "--json", "--port", &PORT.to_string()]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        a.extend(["--token-file".into(), self.token.to_str().unwrap().into()]);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a.push(RECEIVER.into());
+        a
+    }
+
+    /// Runs a bench from the sender host; returns its validated NDJSON events.
+    fn bench(&self, extra: &[&str]) -> Vec<Value> {
+        let args = self.bench_args(extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        events(self.net.client(&args))
+    }
+
+    /// Runs a bench, and `ss` in `host`'s namespace `after` it started; returns both.
+    fn bench_with_ss(
+        &self,
+        extra: &[&str],
+        host: &str,
+        ss: &[&str],
+        after: Duration,
+    ) -> (Vec<Value>, String) {
+        let child = self
+            .net
+            .command("s", env!("CARGO_BIN_EXE_hsxfer"))
+            .args(self.bench_args(extra))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(after);
+        let ss_out = self.net.command(host, "ss").args(ss).output().unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            events(out),
+            String::from_utf8_lossy(&ss_out.stdout).into_owned(),
+        )
+    }
+}
+
+fn events(out: Output) -> Vec<Value> {
+    assert!(
+        out.status.success(),
+        "bench failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    common::validated_events(&out.stdout)
+}
+
+fn summary(events: &[Value]) -> &Value {
+    let s = events.last().unwrap();
+    assert_eq!(s["type"], "summary");
+    assert_eq!(s["verified"], true);
+    s
+}
+
+fn channel_field<'a>(s: &'a Value, field: &str) -> Vec<&'a Value> {
+    s["channels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| &c[field])
+        .collect()
+}
+
+/// Congestion-control names `ss -ti` shows on the data sockets (the connection line is
+/// followed by an info line starting with the algorithm).
+fn ss_algorithms(ss: &str) -> Vec<String> {
+    ss.lines()
+        .filter(|l| l.starts_with(char::is_whitespace))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect()
+}
+
+fn count(v: &[String], name: &str) -> usize {
+    v.iter().filter(|x| *x == name).count()
+}
+
+fn lock() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[test]
+fn each_channel_runs_the_congestion_control_asked_for_in_both_directions() {
+    if !root_or_skip("cc per channel") {
+        return;
+    }
+    let _g = lock();
+    let p = path(200, 100);
+    let dst = format!("dst {RECEIVER}:{PORT}");
+    let (ev, ss) = p.bench_with_ss(
+        &["-n", "4", "--cc", "cubic,reno", "--time", "2"],
+        "s",
+        &["-tinH", &dst],
+        Duration::from_millis(1200),
+    );
+    let s = summary(&ev);
+    assert_eq!(channel_field(s, "cc"), ["cubic", "reno", "cubic", "reno"]);
+    // Independently of hsxfer: the kernel's socket list (the control connection keeps the
+    // host default, which is neither here).
+    let algs = ss_algorithms(&ss);
+    assert_eq!(
+        (count(&algs, "cubic"), count(&algs, "reno")),
+        (2, 2),
+        "{ss}"
+    );
+
+    // Pull direction: the server sets them on its sockets.
+    let src = format!("src {RECEIVER}:{PORT}");
+    let (ev, ss) = p.bench_with_ss(
+        &["-R", "-n", "2", "--cc", "reno,cubic", "--time", "2"],
+        "d",
+        &["-tinH", &src],
+        Duration::from_millis(1200),
+    );
+    assert_eq!(channel_field(summary(&ev), "cc"), ["reno", "cubic"]);
+    let algs = ss_algorithms(&ss);
+    assert_eq!(
+        (count(&algs, "cubic"), count(&algs, "reno")),
+        (1, 1),
+        "{ss}"
+    );
+
+    // An algorithm that is not registered is refused on the side that sends, naming the
+    // choices and the command that loads a bundled one.
+    for (dir, side) in [("", "client"), ("-R", "server")] {
+        let mut args = p.bench_args(&["--cc", "htcp", "--time", "1"]);
+        if !dir.is_empty() {
+            args.insert(1, dir.into());
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = p.net.client(&args);
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!(
+                "congestion control 'htcp' is not available on the {side}; available: "
+            )) && err.contains("hsxfer cc load htcp"),
+            "{err}"
+        );
+    }
+}
+
+fn sysctl(name: &str) -> u64 {
+    hsxfer::tuning::sysctl::read_u64(name).unwrap()
+}
+
+#[test]
+fn buffers_follow_rate_and_rtt_and_a_clamp_warns_with_the_fix() {
+    if !root_or_skip("buffers") {
+        return;
+    }
+    let _g = lock();
+    let p = path(200, 100);
+    // Autotuning limits are per namespace: fix them so the plan is known.
+    let set = |host: &str, kv: &str| {
+        let ok = p
+            .net
+            .command(host, "sysctl")
+            .args(["-qw", kv])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    };
+    set("s", "net.ipv4.tcp_wmem=4096 16384 4194304");
+    set("d", "net.ipv4.tcp_rmem=4096 131072 6291456");
+    let (wmem_max, rmem_max) = (sysctl("net.core.wmem_max"), sysctl("net.core.rmem_max"));
+    // 1 Gbit/s × 100 ms over 2 channels: a window of 12.5 MB each (BDP share × 2), which
+    // needs kernel buffers of 25 MB; requests are capped at [rw]mem_max, doubled.
+    let window: u64 = 12_500_000;
+    let (want_snd, want_rcv) = (2 * window.min(wmem_max), 2 * window.min(rmem_max));
+    assert!(
+        want_snd > 4194304 && want_rcv > 6291456,
+        "explicit sizes beat autotuning here"
+    );
+    let src = format!("src {RECEIVER}:{PORT}");
+    let (ev, ss) = p.bench_with_ss(
+        &["-n", "2", "--rate", "1G", "--rtt", "100ms", "--time", "1.5"],
+        "d",
+        &["-tmH", &src],
+        Duration::from_millis(800),
+    );
+    let s = summary(&ev);
+    assert_eq!(channel_field(s, "send_buffer"), [want_snd, want_snd]);
+    let rb = format!("rb{want_rcv},");
+    assert_eq!(ss.matches(&rb).count(), 2, "server receive buffers: {ss}");
+    let warnings: Vec<&str> = ev
+        .iter()
+        .filter(|e| e["type"] == "warning")
+        .map(|e| e["message"].as_str().unwrap())
+        .collect();
+    if want_snd < 2 * window {
+        let fix = "sysctl -w net.core.wmem_max=25165824; sysctl -w net.ipv4.tcp_wmem=\"4096 16384 25165824\"";
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.starts_with("client: send buffers are capped") && w.contains(fix)),
+            "{warnings:#?}"
+        );
+    }
+    if want_rcv < 2 * window {
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.starts_with("server: receive buffers are capped")
+                    && w.contains("sysctl -w net.core.rmem_max=25165824")),
+            "{warnings:#?}"
+        );
+    }
+    // A fixed request is granted doubled, with no warning when within the limits.
+    let ev = p.bench(&["-n", "2", "--buffer", "1M", "--time", "0.5"]);
+    assert_eq!(
+        channel_field(summary(&ev), "send_buffer"),
+        [2 << 20, 2 << 20]
+    );
+    assert!(ev.iter().all(|e| e["type"] != "warning"));
+}
+
+#[test]
+fn a_paced_channel_stays_within_ten_percent_of_its_cap() {
+    if !root_or_skip("pacing") {
+        return;
+    }
+    let _g = lock();
+    let p = path(500, 200);
+    for dir in [&[][..], &["-R"][..]] {
+        let mut args = vec![
+            "-n",
+            "2",
+            "--pace",
+            "100M",
+            "--stagger",
+            "off",
+            "--time",
+            "4",
+        ];
+        args.extend_from_slice(dir);
+        let s = summary(&p.bench(&args)).clone();
+        assert_eq!(channel_field(&s, "pace_bps"), [100_000_000, 100_000_000]);
+        for g in channel_field(&s, "goodput_bps") {
+            let g = g.as_f64().unwrap();
+            eprintln!(
+                "pacing {dir:?}: goodput {:.1} Mbit/s under a 100 Mbit/s cap",
+                g / 1e6
+            );
+            assert!(
+                (g - 100e6).abs() < 10e6,
+                "{dir:?}: goodput {g} vs cap 100 Mbit/s"
+            );
+        }
+    }
+}
+
+#[test]
+fn staggered_channels_start_as_far_apart_as_configured() {
+    if !root_or_skip("stagger") {
+        return;
+    }
+    let _g = lock();
+    let p = path(100, 100);
+    for dir in [&[][..], &["-R"][..]] {
+        let mut args = vec!["-n", "4", "--stagger", "300ms", "--time", "2"];
+        args.extend_from_slice(dir);
+        let s = summary(&p.bench(&args)).clone();
+        let starts: Vec<f64> = channel_field(&s, "started_s")
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        eprintln!("stagger {dir:?}: started at {starts:?}");
+        for w in starts.windows(2) {
+            let gap = w[1] - w[0];
+            // Timers on a loaded 2-core host fire up to a few tens of ms late.
+            assert!((gap - 0.3).abs() < 0.1, "{dir:?}: starts {starts:?}");
+        }
+        let planned: Vec<f64> = channel_field(&s, "stagger_s")
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert_eq!(planned, [0.0, 0.3, 0.6, 0.9]);
+    }
+}
+
+#[test]
+fn losses_at_a_small_queue_are_seen_and_measured() {
+    if !root_or_skip("loss events") {
+        return;
+    }
+    let _g = lock();
+    let p = path(100, 16);
+    let ev = p.bench(&["-n", "4", "--cc", "reno", "--stagger", "off", "--time", "4"]);
+    let s = summary(&ev);
+    let drops: u64 = p
+        .net
+        .bottleneck_stats()
+        .split("dropped ")
+        .nth(1)
+        .and_then(|t| t.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    assert!(drops > 0, "the bottleneck dropped nothing");
+    assert!(s["retransmits"].as_u64().unwrap() > 0, "{s}");
+    let events: u64 = channel_field(s, "loss_events")
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert!(events > 0, "{s}");
+    let sync = &s["loss_sync"];
+    eprintln!(
+        "losses: {drops} drops, {events} loss events, {} retransmits, sync {sync}",
+        s["retransmits"]
+    );
+    let t = sync["congestion_events"].as_u64().unwrap();
+    assert!(t > 0 && t <= events, "{s}");
+    let g = sync["global"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&g));
+    let jain = s["fairness_jain"].as_f64().unwrap();
+    assert!(jain > 0.25 && jain <= 1.0 + 1e-9);
+}
