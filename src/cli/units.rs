@@ -31,7 +31,11 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
         "ms" => 1e-3,
         "us" | "µs" => 1e-6,
         "m" | "min" => 60.0,
-        _ => return Err(format!("invalid duration '{s}' (examples: 250ms, 1.5s, 2m)")),
+        _ => {
+            return Err(format!(
+                "invalid duration '{s}' (examples: 250ms, 1.5s, 2m)"
+            ))
+        }
     };
     let v: f64 = num
         .parse()
