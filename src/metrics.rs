@@ -73,7 +73,7 @@ pub fn loss_sync(events: &[LossEvent], flows: usize, window: f64) -> Option<Sync
         }
     }
     let per_flow: Vec<f64> = weighted.iter().map(|w| w / t).collect();
-    let global = if per_flow.iter().any(|r| *r == 0.0) {
+    let global = if per_flow.contains(&0.0) {
         0.0
     } else {
         flows as f64 / per_flow.iter().map(|r| 1.0 / r).sum::<f64>()

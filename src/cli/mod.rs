@@ -1,5 +1,6 @@
 //! Command-line parsing and dispatch. Each subcommand maps onto one library call.
 
+mod doctor;
 mod operands;
 mod output;
 mod units;
@@ -38,6 +39,8 @@ enum Command {
     Copy(CopyArgs),
     /// Memory-to-memory throughput through the full protocol (like iperf3, for hsxfer).
     Bench(BenchArgs),
+    /// Check what on this host limits throughput, with the exact fix for each finding.
+    Doctor(doctor::DoctorArgs),
 }
 
 #[derive(Args)]
@@ -264,6 +267,7 @@ pub fn main() -> ExitCode {
         Command::Copy(c) => c.transfer.mode(),
         Command::Bench(b) => b.transfer.mode(),
         Command::Serve(_) => Mode::Human,
+        Command::Doctor(d) => d.mode(),
     };
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     match rt.block_on(run(cli.command)) {
@@ -281,6 +285,7 @@ async fn run(cmd: Command) -> anyhow::Result<bool> {
         Command::Serve(a) => serve(a).await,
         Command::Copy(a) => copy(a).await,
         Command::Bench(a) => bench(a).await,
+        Command::Doctor(a) => doctor::doctor(a),
     }
 }
 

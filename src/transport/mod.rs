@@ -3,6 +3,7 @@
 
 pub mod buffers;
 pub mod cc;
+pub mod route;
 pub mod tcp;
 pub mod tcp_info;
 

@@ -69,14 +69,17 @@ pub enum Direction {
 }
 
 impl Direction {
-    fn sysctls(self) -> (&'static str, &'static str) {
+    /// The sysctls that limit this direction: the explicit-request cap (`net.core.*mem_max`)
+    /// and the autotuning triple (`net.ipv4.tcp_*mem`).
+    pub fn sysctls(self) -> (&'static str, &'static str) {
         match self {
             Direction::Send => ("net.core.wmem_max", "net.ipv4.tcp_wmem"),
             Direction::Receive => ("net.core.rmem_max", "net.ipv4.tcp_rmem"),
         }
     }
 
-    fn noun(self) -> &'static str {
+    /// `send` or `receive`, for messages.
+    pub fn noun(self) -> &'static str {
         match self {
             Direction::Send => "send",
             Direction::Receive => "receive",
@@ -152,6 +155,28 @@ pub fn plan(
     }
 }
 
+/// The throughput, bits/s, that `channels` channels reach when each socket's kernel buffer
+/// is `kernel_bytes` at `rtt`: half of a kernel buffer carries data (the kernel doubles
+/// requests to leave room for its own overhead), and each channel sends one window per RTT.
+pub fn buffer_rate(kernel_bytes: u64, channels: u16, rtt: Duration) -> f64 {
+    channels as f64 * (kernel_bytes / 2) as f64 * 8.0 / rtt.as_secs_f64().max(1e-6)
+}
+
+/// The `sysctl -w` commands that let `dir`'s buffers reach `needed` bytes (kernel size):
+/// raise both the explicit-request cap and autotuning's maximum, keeping its minimum and
+/// default. Rounded up to a whole MiB.
+pub fn fix_commands(dir: Direction, limits: &DirectionLimits, needed: u64) -> Vec<String> {
+    let (max_name, tcp_name) = dir.sysctls();
+    let fix = needed.next_multiple_of(1 << 20);
+    vec![
+        format!("sysctl -w {max_name}={fix}"),
+        format!(
+            "sysctl -w {tcp_name}=\"{} {} {fix}\"",
+            limits.autotune.min, limits.autotune.default
+        ),
+    ]
+}
+
 fn cap_warning(
     dir: Direction,
     limits: &DirectionLimits,
@@ -161,19 +186,15 @@ fn cap_warning(
     rtt: Duration,
 ) -> String {
     let (max_name, tcp_name) = dir.sysctls();
-    let cap_bps = channels as f64 * (got / 2) as f64 * 8.0 / rtt.as_secs_f64().max(1e-6);
-    let fix = needed.next_multiple_of(1 << 20);
     format!(
         "{} buffers are capped at {got} bytes per channel ({max_name} = {}, {tcp_name} max = {}): \
-         with {channels} channels at {:.1} ms that allows about {:.0} Mbit/s; \
-         fix: sysctl -w {max_name}={fix}; sysctl -w {tcp_name}=\"{} {} {fix}\"",
+         with {channels} channels at {:.1} ms that allows about {:.0} Mbit/s; fix: {}",
         dir.noun(),
         limits.request_max,
         limits.autotune.max,
         rtt.as_secs_f64() * 1e3,
-        cap_bps / 1e6,
-        limits.autotune.min,
-        limits.autotune.default,
+        buffer_rate(got, channels, rtt) / 1e6,
+        fix_commands(dir, limits, needed).join("; "),
     )
 }
 

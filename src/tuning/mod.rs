@@ -1,9 +1,10 @@
-//! Tuning: defaults, BDP-sized buffers against the host's limits, and the desynchronization
-//! plans (stagger, pacing). Host checks, the congestion-control registry and the path probe
-//! plug in here.
+//! Tuning: defaults, BDP-sized buffers against the host's limits, the desynchronization
+//! plans (stagger, pacing), the congestion-control registry and the host checks of
+//! `hsxfer doctor`. The path probe plugs in here.
 
 pub mod bdp;
 pub mod defaults;
 pub mod desync;
+pub mod doctor;
 pub mod registry;
 pub mod sysctl;
