@@ -25,6 +25,7 @@ use crate::error::{Error, Result};
 use crate::fsio::dest::Destination;
 use crate::fsio::root::Scope;
 use crate::fsio::source::SourceTree;
+use crate::transport::route;
 use crate::transport::tcp_info::tcp_info;
 use crate::transport::{self, SocketOptions};
 use crate::tuning::bdp::{self, BufferChoice, BufferRequest};
@@ -279,7 +280,7 @@ impl Client {
         let n = self.opts.channels;
         let side = if we_send { Side::Send } else { Side::Receive };
         if we_send {
-            check_congestion(&self.tuning_request(Duration::ZERO, false), "client")?;
+            check_congestion(&self.tuning_request(Duration::ZERO, None, false), "client")?;
         }
         let addrs = self.resolve().await?;
         let (addr, mut ctrl) = self.connect_control(&addrs).await?;
@@ -290,19 +291,21 @@ impl Client {
             Some(rtt) => rtt,
             None => measure_rtt(&mut ctrl).await?,
         };
+        let (rate, rate_source) = match self.opts.rate_bps {
+            Some(r) => (Some(r), "given"),
+            None => match interface_speed(&ctrl) {
+                Some(r) => (Some(r), "interface"),
+                None => (None, "unknown"),
+            },
+        };
         let stagger = stagger_offsets(self.opts.stagger, n, rtt, &mut rand::thread_rng());
-        let mut tuning = self.tuning_request(rtt, live.telemetry.tracing());
+        let mut tuning = self.tuning_request(rtt, rate, live.telemetry.tracing());
         tuning.stagger_us = stagger.iter().map(|d| d.as_micros() as u64).collect();
         let plan = local_plan(&tuning, side, n, "client")?;
         let mut report = TuningReport {
             rtt_us: rtt.as_micros() as u64,
-            rate_bps: self.opts.rate_bps,
-            rate_source: if self.opts.rate_bps.is_some() {
-                "given"
-            } else {
-                "unknown"
-            }
-            .into(),
+            rate_bps: rate,
+            rate_source: rate_source.into(),
             buffer: describe_buffer(tuning.buffer),
             notes: plan.notes.clone(),
         };
@@ -357,12 +360,13 @@ impl Client {
         })
     }
 
-    /// The transport settings of the request, for a path RTT.
-    fn tuning_request(&self, rtt: Duration, trace: bool) -> Tuning {
+    /// The transport settings of the request, for a path RTT and rate (buffers are sized to
+    /// an estimated rate; pacing follows only a rate the user gave).
+    fn tuning_request(&self, rtt: Duration, rate: Option<u64>, trace: bool) -> Tuning {
         let n = self.opts.channels;
         Tuning {
             cc: self.opts.cc.clone(),
-            buffer: bdp::request(self.opts.buffer, self.opts.rate_bps, rtt, n),
+            buffer: bdp::request(self.opts.buffer, rate, rtt, n),
             pace: pacing_caps(self.opts.pace, n, self.opts.rate_bps),
             stagger_us: vec![0; n as usize],
             rtt_us: rtt.as_micros() as u64,
@@ -385,6 +389,14 @@ impl Client {
         }
         Err(last_err.expect("at least one address was tried"))
     }
+}
+
+/// An upper bound on the path's rate when none is given: the link speed of the interface the
+/// control connection leaves by (none for loopback and most virtual devices).
+fn interface_speed(ctrl: &TcpStream) -> Option<u64> {
+    let local = ctrl.local_addr().ok()?.ip();
+    let name = route::interface_of(local).ok()??;
+    route::link_speed_bps(&name)
 }
 
 /// The path RTT: the fastest of a few ping exchanges on the control connection, or the

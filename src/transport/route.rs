@@ -34,6 +34,17 @@ pub fn interface_of(addr: IpAddr) -> io::Result<Option<String>> {
     Ok(found.map(|i| i.interface_name))
 }
 
+/// The link speed of interface `name` in bits/s, if it reports one (virtual devices and
+/// links that are down report none, or -1).
+pub fn link_speed_bps(name: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/sys/class/net/{name}/speed")).ok()?;
+    let mbps: i64 = text.trim().parse().ok()?;
+    u64::try_from(mbps)
+        .ok()
+        .filter(|m| *m > 0)
+        .map(|m| m * 1_000_000)
+}
+
 /// The names of the interfaces that are up and not loopback, each once, in the kernel's
 /// order.
 pub fn up_interfaces() -> io::Result<Vec<String>> {

@@ -245,8 +245,7 @@ impl Interface {
             name: name.to_string(),
             mtu: attr("mtu").and_then(|v| u64::try_from(v).ok()),
             tx_queue_len: attr("tx_queue_len").and_then(|v| u64::try_from(v).ok()),
-            // Virtual devices report -1 (or fail to read).
-            speed_mbps: attr("speed").and_then(|v| u64::try_from(v).ok()),
+            speed_mbps: crate::transport::route::link_speed_bps(name).map(|b| b / 1_000_000),
             qdisc: Qdisc::show(name),
         }
     }
