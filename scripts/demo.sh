@@ -30,8 +30,12 @@ echo "== push: hsxfer copy -n 8 -r dataset 127.0.0.1:dataset"
 "$BIN" copy -n 8 -r --port "$PORT" --token-file "$WORK/token" "$WORK/src/dataset" "127.0.0.1:dataset"
 echo "== pull: hsxfer copy -n 8 -r 127.0.0.1:dataset back/"
 "$BIN" copy -n 8 -r --port "$PORT" --token-file "$WORK/token" "127.0.0.1:dataset" "$WORK/back/"
-echo "== memory-to-memory: hsxfer bench -n 8 --time 5"
-"$BIN" bench -n 8 --time 5 --port "$PORT" --token-file "$WORK/token" 127.0.0.1
+echo "== memory-to-memory: hsxfer bench -n 8 --time 5 --cc reno --trace cwnd.csv"
+"$BIN" bench -n 8 --time 5 --cc reno --trace "$WORK/cwnd.csv" --port "$PORT" --token-file "$WORK/token" 127.0.0.1
+echo "   trace: $(($(wc -l < "$WORK/cwnd.csv") - 1)) TCP_INFO samples; first rows:"
+head -n 3 "$WORK/cwnd.csv" | sed 's/^/   /'
+echo "== host checks: hsxfer doctor --rate 10G --rtt 100ms"
+"$BIN" doctor --rate 10G --rtt 100ms || true
 echo "== independent check (sha256sum of every file, source vs pulled back)"
 (cd "$WORK/src" && find dataset -type f -print0 | sort -z | xargs -0 sha256sum) > "$WORK/a.sum"
 (cd "$WORK/back" && find dataset -type f -print0 | sort -z | xargs -0 sha256sum) > "$WORK/b.sum"

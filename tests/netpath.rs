@@ -230,6 +230,7 @@ fn buffers_follow_rate_and_rtt_and_a_clamp_warns_with_the_fix() {
     );
     let s = summary(&ev);
     assert_eq!(channel_field(s, "send_buffer"), [want_snd, want_snd]);
+    assert_eq!(channel_field(s, "send_buffer_requested"), [window, window]);
     let rb = format!("rb{want_rcv},");
     assert_eq!(ss.matches(&rb).count(), 2, "server receive buffers: {ss}");
     let warnings: Vec<&str> = ev

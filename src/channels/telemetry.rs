@@ -14,6 +14,8 @@ pub struct ChannelSetup {
     pub index: u16,
     /// Congestion control the kernel reports for the socket.
     pub cc: String,
+    /// `SO_SNDBUF` requested, bytes; `None` when autotuning was left in charge.
+    pub send_buffer_requested: Option<u64>,
     /// `SO_SNDBUF` read back, bytes.
     pub send_buffer: u64,
     /// `SO_RCVBUF` read back, bytes.

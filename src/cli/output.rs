@@ -305,12 +305,15 @@ fn human_summary(r: &TransferReport) {
     );
     for c in &r.channels {
         println!(
-            "  channel {:>2}: {:>12} {:>14}  cc {:<9} sndbuf {:>10}  pace {:>13}  start {:>7}  retrans {:>6}  losses {:>4}",
+            "  channel {:>2}: {:>12} {:>14}  cc {:<9} sndbuf {:>22}  pace {:>13}  start {:>7}  retrans {:>6}  losses {:>4}",
             c.index,
             fmt_bytes(c.bytes),
             fmt_rate(c.goodput_bps),
             c.cc.as_deref().unwrap_or("-"),
-            c.send_buffer.map_or("-".into(), fmt_bytes),
+            c.send_buffer.map_or("-".into(), |b| match c.send_buffer_requested {
+                Some(r) => format!("{} (asked {})", fmt_bytes(b), fmt_bytes(r)),
+                None => format!("{} (auto)", fmt_bytes(b)),
+            }),
             c.pace_bps.map_or("-".into(), |p| fmt_rate(p as f64)),
             c.started_s.map_or("-".into(), |s| format!("{s:.3} s")),
             c.retransmits.map_or("-".into(), |n| n.to_string()),

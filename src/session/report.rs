@@ -104,7 +104,10 @@ pub struct ChannelReport {
     pub goodput_bps: f64,
     /// Congestion control in force on the sending socket (read back from the kernel).
     pub cc: Option<String>,
-    /// Sending socket's `SO_SNDBUF` read back, bytes.
+    /// Sending socket's `SO_SNDBUF` request, bytes (`None`: kernel autotuning).
+    pub send_buffer_requested: Option<u64>,
+    /// Sending socket's `SO_SNDBUF` read back, bytes (the kernel doubles a request and
+    /// clamps it; under autotuning, its value when the channel opened).
     pub send_buffer: Option<u64>,
     /// Pacing cap on the sending socket, bits/s.
     pub pace_bps: Option<u64>,
@@ -235,6 +238,7 @@ impl TransferReport {
                         bytes: b,
                         goodput_bps: goodputs[index],
                         cc: setup.as_ref().map(|s| s.cc.clone()),
+                        send_buffer_requested: setup.as_ref().and_then(|s| s.send_buffer_requested),
                         send_buffer: setup.as_ref().map(|s| s.send_buffer),
                         pace_bps: setup.as_ref().and_then(|s| s.pace_bps),
                         stagger_s: setup.as_ref().map(|s| s.stagger_s),

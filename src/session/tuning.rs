@@ -92,6 +92,7 @@ pub fn read_setup(
     Ok(ChannelSetup {
         index: index as u16,
         cc: cc::congestion(sock).map_err(Error::io(ctx()))?,
+        send_buffer_requested: opts.send_buffer,
         send_buffer: bufs.send,
         recv_buffer: bufs.receive,
         pace_bps: opts.max_pacing_rate.map(|b| b * 8),
