@@ -297,7 +297,7 @@ fn human_summary(r: &TransferReport) {
     );
     let t = &r.tuning;
     println!(
-        "  path: rtt {:.2} ms, rate {} ({}), buffers {}",
+        "  path: rtt {:.3} ms, rate {} ({}), buffers {}",
         t.rtt_us as f64 / 1e3,
         t.rate_bps.map_or("unknown".into(), |b| fmt_rate(b as f64)),
         t.rate_source,
