@@ -186,7 +186,8 @@ impl Client {
         let o = self.open(op, upload, live).await?;
         if upload {
             let limit = bench_limit(bytes, seconds)?;
-            let src = SendSource::generated(self.opts.block_size, limit, self.opts.channels);
+            let rtt = Duration::from_micros(o.tuning.rtt_us);
+            let src = SendSource::generated(self.opts.block_size, limit, self.opts.channels, rtt);
             self.send(o, src, "bench-upload", live).await
         } else {
             self.receive(o, Sink::Discard, "bench-download", live).await

@@ -358,6 +358,7 @@ fn prepare_role(state: &State, req: &Request) -> Result<Role> {
             req.block_size,
             bench_limit(*bytes, *seconds)?,
             req.channels,
+            Duration::from_micros(req.tuning.rtt_us),
         )),
     })
 }

@@ -1,7 +1,7 @@
 //! What a sender sends: a walked file tree, or generated data for `bench`.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -13,8 +13,13 @@ use crate::fsio::source::{read_block, SourceTree};
 pub const MANIFEST_CHUNK: usize = 1000;
 /// Largest generated file in bench mode.
 pub const GENERATED_FILE_MAX: u64 = 256 << 20;
-/// Generated files announced ahead of completion.
+/// Generated files announced ahead of completion on a short path.
 const GENERATED_WINDOW: u64 = 4;
+/// Round trips of generated data announced on top of that window: a file is done only a
+/// round trip (and its verification) after its last byte left, so on a long path a fixed
+/// count of files leaves the link idle (at 60 ms, 4 files capped one channel near 70 % of a
+/// 1 Gbit/s bottleneck).
+const GENERATED_WINDOW_RTTS: f64 = 4.0;
 /// A generated file is sized to take about this long at the rate seen so far, so a timed
 /// bench overshoots its duration by at most about `GENERATED_WINDOW` times this.
 const GENERATED_FILE_SECONDS: f64 = 0.1;
@@ -49,6 +54,8 @@ pub enum SendSource {
         /// channel has work however slow the path (a timed bench overshoots by at most about
         /// `GENERATED_WINDOW` blocks per channel).
         channels: u16,
+        /// Files that may be announced and not yet done.
+        window: u64,
         /// Bytes announced so far.
         announced: u64,
         /// Files announced so far.
@@ -102,14 +109,17 @@ impl SendSource {
         }
     }
 
-    /// A generated source of blocks of `block_size` bytes for `channels` channels.
-    pub fn generated(block_size: u32, limit: BenchLimit, channels: u16) -> Self {
+    /// A generated source of blocks of `block_size` bytes for `channels` channels over a
+    /// path of round-trip time `rtt` (it sets how far ahead files are announced).
+    pub fn generated(block_size: u32, limit: BenchLimit, channels: u16, rtt: Duration) -> Self {
         let mut pattern = vec![0u8; block_size as usize];
         rand::Rng::fill(&mut rand::thread_rng(), &mut pattern[..]);
+        let extra = GENERATED_WINDOW_RTTS * rtt.as_secs_f64() / GENERATED_FILE_SECONDS;
         SendSource::Generated {
             pattern: Bytes::from(pattern),
             limit,
             channels,
+            window: GENERATED_WINDOW + extra.ceil() as u64,
             announced: 0,
             files: 0,
             ended: false,
@@ -143,11 +153,12 @@ impl SendSource {
                 pattern,
                 limit,
                 channels,
+                window,
                 announced,
                 files,
                 ended,
             } => {
-                if *ended || unfinished >= GENERATED_WINDOW {
+                if *ended || unfinished >= *window {
                     return None;
                 }
                 let block = pattern.len() as u64;
