@@ -4,7 +4,7 @@
 set -euo pipefail
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 need=()
-for pkg in ca-certificates curl gcc libc6-dev make pkg-config coreutils iproute2 procps ethtool iputils-ping; do
+for pkg in ca-certificates curl gcc libc6-dev make pkg-config coreutils util-linux iproute2 procps ethtool iputils-ping iptables; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

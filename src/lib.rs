@@ -27,11 +27,13 @@
 //!
 //! Layout: [`channels`] is the sans-IO protocol (codecs and state machines), [`transport`]
 //! the sockets, [`fsio`] the files, [`session`] the I/O glue (client, server, engines),
-//! [`tuning`] the defaults and, later, path-dependent tuning.
+//! [`tuning`] the defaults and path-dependent tuning, [`lab`] the emulated long fat network
+//! and the research experiments.
 
 pub mod channels;
 pub mod error;
 pub mod fsio;
+pub mod lab;
 pub mod metrics;
 pub mod session;
 pub mod transport;

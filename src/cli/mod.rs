@@ -1,6 +1,7 @@
 //! Command-line parsing and dispatch. Each subcommand maps onto one library call.
 
 mod doctor;
+mod lab;
 mod operands;
 mod output;
 mod units;
@@ -41,6 +42,9 @@ enum Command {
     Bench(BenchArgs),
     /// Check what on this host limits throughput, with the exact fix for each finding.
     Doctor(doctor::DoctorArgs),
+    /// An emulated long fat network on this host (namespaces, bottleneck, delay) and the
+    /// research experiments on it.
+    Lab(lab::LabArgs),
 }
 
 #[derive(Args)]
@@ -268,6 +272,7 @@ pub fn main() -> ExitCode {
         Command::Bench(b) => b.transfer.mode(),
         Command::Serve(_) => Mode::Human,
         Command::Doctor(d) => d.mode(),
+        Command::Lab(_) => Mode::Human,
     };
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     match rt.block_on(run(cli.command)) {
@@ -286,6 +291,7 @@ async fn run(cmd: Command) -> anyhow::Result<bool> {
         Command::Copy(a) => copy(a).await,
         Command::Bench(a) => bench(a).await,
         Command::Doctor(a) => doctor::doctor(a),
+        Command::Lab(a) => lab::lab(a),
     }
 }
 

@@ -1,0 +1,222 @@
+//! The research experiments (`hsxfer lab run NAME`): each builds labs of its own, runs hsxfer
+//! bench flows across them with per-channel telemetry, and writes a markdown table, a JSON
+//! file and SVG plots to the output directory.
+//!
+//! - [`utilization`]: link utilization vs channels, tiny queue vs 1 BDP (seed 003 Expr. 5.3,
+//!   Table 4.2).
+//! - [`sync`]: loss synchronization of n flows (Tables 4.1/4.3, Expr. 4.1/4.2).
+//! - [`fairness`]: intra-protocol and RTT fairness, with and without background traffic
+//!   (seed 003 §5.7).
+//! - [`convergence`]: time for a second connection to reach 80 % of the first's window
+//!   (seed 003 Fig. 5.8).
+
+pub mod analysis;
+pub mod convergence;
+pub mod fairness;
+pub mod plot;
+pub mod sync;
+pub mod utilization;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use serde_json::Value;
+
+use super::{Lab, LabError, LabSpec};
+use crate::transport::cc::CcCatalog;
+
+/// Which experiment to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Experiment {
+    /// Utilization vs channels.
+    Utilization,
+    /// Loss synchronization.
+    Sync,
+    /// Intra-protocol and RTT fairness.
+    Fairness,
+    /// Convergence of a late second connection.
+    Convergence,
+}
+
+impl Experiment {
+    /// Every experiment, in the order of the issue.
+    pub const ALL: [Experiment; 4] = [
+        Experiment::Utilization,
+        Experiment::Sync,
+        Experiment::Fairness,
+        Experiment::Convergence,
+    ];
+}
+
+impl fmt::Display for Experiment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Experiment::Utilization => "utilization",
+            Experiment::Sync => "sync",
+            Experiment::Fairness => "fairness",
+            Experiment::Convergence => "convergence",
+        })
+    }
+}
+
+impl FromStr for Experiment {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Experiment, String> {
+        Experiment::ALL
+            .into_iter()
+            .find(|e| e.to_string() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown experiment '{s}': choose utilization, sync, fairness or convergence"
+                )
+            })
+    }
+}
+
+/// How to run an experiment.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The short form: small rate and RTT, few seconds per run.
+    pub quick: bool,
+    /// Output directory.
+    pub out: PathBuf,
+    /// The hsxfer program the labs run.
+    pub program: PathBuf,
+    /// Congestion controls to compare instead of the experiment's list.
+    pub ccs: Option<Vec<String>>,
+    /// Seconds per run instead of the experiment's.
+    pub seconds: Option<f64>,
+    /// Name of the labs the experiment builds.
+    pub lab_name: String,
+}
+
+/// What an experiment produced.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// The result table(s) in markdown, with the setup and the seed's numbers.
+    pub markdown: String,
+    /// The same results as JSON.
+    pub json: Value,
+    /// Files written (markdown, JSON, plots).
+    pub files: Vec<PathBuf>,
+}
+
+/// Runs `experiment`, reporting progress lines through `log`, and writes its outputs.
+pub fn run(
+    experiment: Experiment,
+    opts: &RunOptions,
+    log: &mut dyn FnMut(&str),
+) -> Result<Report, LabError> {
+    std::fs::create_dir_all(&opts.out)
+        .map_err(LabError::io(format!("creating {}", opts.out.display())))?;
+    let mut report = match experiment {
+        Experiment::Utilization => utilization::run(opts, log)?,
+        Experiment::Sync => sync::run(opts, log)?,
+        Experiment::Fairness => fairness::run(opts, log)?,
+        Experiment::Convergence => convergence::run(opts, log)?,
+    };
+    let md = opts.out.join(format!("{experiment}.md"));
+    let json = opts.out.join(format!("{experiment}.json"));
+    std::fs::write(&md, &report.markdown).map_err(LabError::io("writing the table"))?;
+    std::fs::write(
+        &json,
+        serde_json::to_vec_pretty(&report.json).expect("results serialize"),
+    )
+    .map_err(LabError::io("writing the JSON"))?;
+    report.files.insert(0, json);
+    report.files.insert(0, md);
+    Ok(report)
+}
+
+/// The congestion controls to compare: the user's list, or `defaults` filtered to those
+/// this host has; the second list names defaults skipped because they are not registered.
+pub fn choose_ccs(
+    opts: &RunOptions,
+    defaults: &[&str],
+) -> Result<(Vec<String>, Vec<String>), LabError> {
+    let catalog = CcCatalog::read().map_err(LabError::io("reading the congestion controls"))?;
+    if let Some(list) = &opts.ccs {
+        if let Some(missing) = list.iter().find(|c| !catalog.available.contains(c)) {
+            return Err(LabError::Invalid(format!(
+                "congestion control '{missing}' is not available; available: {}",
+                catalog.available.join(" ")
+            )));
+        }
+        return Ok((list.clone(), Vec::new()));
+    }
+    let (have, skipped): (Vec<&str>, Vec<&str>) = defaults
+        .iter()
+        .partition(|c| catalog.available.iter().any(|a| a == *c));
+    Ok((
+        have.into_iter().map(str::to_string).collect(),
+        skipped.into_iter().map(str::to_string).collect(),
+    ))
+}
+
+/// A lab that an experiment owns: removed when dropped, whatever happened.
+pub struct OwnedLab(pub Lab);
+
+impl OwnedLab {
+    /// Builds the lab for an experiment (no self-check: experiments report their own
+    /// numbers, and the emulator's lateness is in every result).
+    pub fn up(spec: &LabSpec, opts: &RunOptions) -> Result<OwnedLab, LabError> {
+        Ok(OwnedLab(Lab::up(spec, &opts.program)?))
+    }
+}
+
+impl Drop for OwnedLab {
+    fn drop(&mut self) {
+        let _ = self.0.teardown();
+    }
+}
+
+/// Delay-element release lateness of a lab so far (p99 and max, µs).
+pub fn lateness(lab: &Lab) -> (u64, u64) {
+    crate::lab::element::read_stats(&lab.element_stats_path())
+        .map(|e| {
+            (
+                e.queues
+                    .iter()
+                    .map(|q| q.lateness_p99_us)
+                    .max()
+                    .unwrap_or(0),
+                e.queues
+                    .iter()
+                    .map(|q| q.lateness_max_us)
+                    .max()
+                    .unwrap_or(0),
+            )
+        })
+        .unwrap_or((0, 0))
+}
+
+/// `out/NAME` as a path for a plot or trace.
+pub fn out_file(opts: &RunOptions, name: &str) -> PathBuf {
+    opts.out.join(name)
+}
+
+/// A markdown line describing a lab's path.
+pub fn describe(spec: &LabSpec, queue_packets: u32) -> String {
+    format!(
+        "{} Mbit/s bottleneck, RTT {} ms, drop-tail queue {} packets ({:.3} BDP), MTU {}",
+        spec.rate_bps / 1_000_000,
+        spec.rtt_of(1).as_millis(),
+        queue_packets,
+        queue_packets as f64 / spec.bdp_packets(),
+        spec.mtu
+    )
+}
+
+/// Percent with one decimal.
+pub fn pct(x: f64) -> String {
+    format!("{:.1} %", x * 100.0)
+}
+
+/// Relative path of a written file for links in the markdown.
+pub fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}

@@ -1,0 +1,363 @@
+//! Flows across a lab: `hsxfer bench` runs from a sender host to the lab's server on the
+//! receiver, with `--json` events and an optional `--trace`, parsed into what the experiments
+//! need (goodput over time, the summary, per-channel cwnd samples).
+
+use std::path::PathBuf;
+use std::process::{Child, Stdio};
+use std::time::Instant;
+
+use serde_json::Value;
+
+use super::config::Host;
+use super::topology::{Lab, SERVER_PORT};
+use super::LabError;
+
+/// One bench connection to run.
+#[derive(Debug, Clone)]
+pub struct FlowSpec {
+    /// The sender host it starts from.
+    pub from: Host,
+    /// Parallel channels (TCP connections) of this one hsxfer connection.
+    pub channels: u16,
+    /// Congestion control of every channel (always explicit: the host default is bbr here).
+    pub cc: String,
+    /// How long it runs, seconds.
+    pub seconds: f64,
+    /// Write a per-channel 10 ms trace here.
+    pub trace: Option<PathBuf>,
+    /// Further `bench` options (e.g. `--stagger 300ms`). By default channels start together
+    /// and are not paced: plain parallel streams, as in the seed experiments.
+    pub extra: Vec<String>,
+}
+
+impl FlowSpec {
+    /// A flow of `channels` × `cc` from sender 1 for `seconds`.
+    pub fn new(cc: &str, channels: u16, seconds: f64) -> FlowSpec {
+        FlowSpec {
+            from: Host::Sender(1),
+            channels,
+            cc: cc.into(),
+            seconds,
+            trace: None,
+            extra: Vec::new(),
+        }
+    }
+}
+
+/// A flow that is running.
+pub struct RunningFlow {
+    child: Child,
+    spec: FlowSpec,
+    /// When it was started.
+    pub started: Instant,
+}
+
+/// One 10 ms trace sample of one channel.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TraceRow {
+    /// Seconds since the flow's sampler started.
+    pub t: f64,
+    /// Channel index.
+    pub channel: u16,
+    /// Congestion window, segments.
+    pub cwnd: u64,
+    /// Slow-start threshold, segments.
+    pub ssthresh: u64,
+    /// Smoothed RTT, µs.
+    pub rtt_us: u64,
+    /// Congestion-avoidance state (3 Recovery, 4 Loss).
+    pub ca_state: u8,
+    /// Segments retransmitted over the connection's life.
+    pub total_retrans: u32,
+    /// Bytes acknowledged so far.
+    pub bytes_acked: u64,
+}
+
+/// What a finished flow reported.
+#[derive(Debug, Clone)]
+pub struct FlowResult {
+    /// The spec it ran with.
+    pub spec: FlowSpec,
+    /// The `summary` event.
+    pub summary: Value,
+    /// `(seconds since the client started, bytes acknowledged by the receiver's TCP, all
+    /// channels)` at each reporting interval, from the `channel` events' `TCP_INFO` (what
+    /// was delivered, not what was written into socket buffers).
+    pub acked: Vec<(f64, u64)>,
+    /// The trace, if one was asked for.
+    pub trace: Vec<TraceRow>,
+}
+
+impl Lab {
+    /// Starts `bench` from `spec.from` to the lab's server.
+    pub fn start_flow(&self, spec: &FlowSpec) -> Result<RunningFlow, LabError> {
+        self.check_host(spec.from)?;
+        let mut c = self.hsxfer(spec.from);
+        c.arg("bench")
+            .arg(Host::Receiver.addr().to_string())
+            .args(["--port", &SERVER_PORT.to_string()])
+            .arg("--token-file")
+            .arg(&self.state.token_file)
+            .args(["-n", &spec.channels.to_string()])
+            .args(["--cc", &spec.cc])
+            .args(["--time", &spec.seconds.to_string()])
+            .args(["--buffer", "kernel", "--interval", "500ms", "--json"]);
+        if !spec.extra.iter().any(|a| a == "--stagger") {
+            c.args(["--stagger", "off"]);
+        }
+        if !spec.extra.iter().any(|a| a == "--pace") {
+            c.args(["--pace", "off"]);
+        }
+        if let Some(t) = &spec.trace {
+            c.arg("--trace").arg(t);
+        }
+        c.args(&spec.extra);
+        let child = c
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(LabError::io("starting hsxfer bench"))?;
+        Ok(RunningFlow {
+            child,
+            spec: spec.clone(),
+            started: Instant::now(),
+        })
+    }
+
+    /// Runs one flow to the end.
+    pub fn run_flow(&self, spec: &FlowSpec) -> Result<FlowResult, LabError> {
+        self.start_flow(spec)?.wait()
+    }
+}
+
+impl RunningFlow {
+    /// Waits for the flow and parses what it printed.
+    pub fn wait(self) -> Result<FlowResult, LabError> {
+        let out = self
+            .child
+            .wait_with_output()
+            .map_err(LabError::io("waiting for hsxfer bench"))?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let events: Vec<Value> = stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let kind = |e: &Value| e.get("type").and_then(Value::as_str).map(str::to_string);
+        let Some(summary) = events
+            .iter()
+            .find(|e| kind(e).as_deref() == Some("summary"))
+            .cloned()
+        else {
+            let why = events
+                .iter()
+                .find(|e| kind(e).as_deref() == Some("error"))
+                .and_then(|e| e.get("message").and_then(Value::as_str))
+                .map(str::to_string)
+                .unwrap_or_else(|| String::from_utf8_lossy(&out.stderr).trim().to_string());
+            return Err(LabError::Command {
+                command: format!("hsxfer bench ({} × {})", self.spec.channels, self.spec.cc),
+                stderr: why,
+            });
+        };
+        let samples: Vec<(f64, usize, u64)> = events
+            .iter()
+            .filter(|e| kind(e).as_deref() == Some("channel"))
+            .filter_map(|e| {
+                Some((
+                    e.get("seconds")?.as_f64()?,
+                    e.get("index")?.as_u64()? as usize,
+                    e.get("bytes_acked")?.as_u64()?,
+                ))
+            })
+            .collect();
+        let acked = total_acked(&samples);
+        let trace = match &self.spec.trace {
+            Some(path) => parse_trace(
+                &std::fs::read_to_string(path).map_err(LabError::io("reading a trace"))?,
+            ),
+            None => Vec::new(),
+        };
+        Ok(FlowResult {
+            spec: self.spec,
+            summary,
+            acked,
+            trace,
+        })
+    }
+}
+
+impl FlowResult {
+    /// Delivered goodput from the first interval at or after `warmup` seconds to the last,
+    /// bits/s (the summary's goodput when the run had fewer than two such intervals).
+    pub fn goodput_after(&self, warmup: f64) -> f64 {
+        let late: Vec<&(f64, u64)> = self.acked.iter().filter(|(t, _)| *t >= warmup).collect();
+        match (late.first(), late.last()) {
+            (Some(a), Some(b)) if b.0 > a.0 => (b.1 - a.1) as f64 * 8.0 / (b.0 - a.0),
+            _ => self.summary_f64("goodput_bps"),
+        }
+    }
+
+    /// A number from the summary (0 when absent).
+    pub fn summary_f64(&self, key: &str) -> f64 {
+        self.summary.get(key).and_then(Value::as_f64).unwrap_or(0.0)
+    }
+
+    /// Per-channel goodput from the summary, bits/s.
+    pub fn channel_goodputs(&self) -> Vec<f64> {
+        self.summary
+            .get("channels")
+            .and_then(Value::as_array)
+            .map(|cs| {
+                cs.iter()
+                    .filter_map(|c| c.get("goodput_bps").and_then(Value::as_f64))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The congestion controls the channels ran with, as the kernel reported them.
+    pub fn channel_ccs(&self) -> Vec<String> {
+        self.summary
+            .get("channels")
+            .and_then(Value::as_array)
+            .map(|cs| {
+                cs.iter()
+                    .map(|c| {
+                        c.get("cc")
+                            .and_then(Value::as_str)
+                            .unwrap_or("?")
+                            .to_string()
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// Background traffic running across a lab (seed 003 §5.6, see [`super::traffic`]): a sink
+/// on the receiver and a source on one sender host. Stopped when dropped.
+pub struct Background {
+    children: Vec<Child>,
+}
+
+impl Lab {
+    /// Starts background traffic from `from` to the receiver, scaled to the lab's rate.
+    pub fn start_background(&self, from: Host) -> Result<Background, LabError> {
+        self.check_host(from)?;
+        let receiver = Host::Receiver.addr().to_string();
+        let spawn = |host: Host, args: &[&str]| {
+            self.hsxfer(host)
+                .args(["lab", "traffic"])
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(LabError::io("starting background traffic"))
+        };
+        let mut bg = Background {
+            children: vec![spawn(Host::Receiver, &["sink", &receiver])?],
+        };
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let rate = self.spec().rate_bps.to_string();
+        bg.children
+            .push(spawn(from, &["source", &receiver, "--rate", &rate])?);
+        Ok(bg)
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Sums the channels' latest `bytes_acked` at each reporting time, from `(seconds, channel,
+/// bytes_acked)` samples in time order.
+fn total_acked(samples: &[(f64, usize, u64)]) -> Vec<(f64, u64)> {
+    let mut latest: Vec<u64> = Vec::new();
+    let mut out: Vec<(f64, u64)> = Vec::new();
+    for &(t, ch, acked) in samples {
+        if latest.len() <= ch {
+            latest.resize(ch + 1, 0);
+        }
+        latest[ch] = acked;
+        let total = latest.iter().sum();
+        match out.last_mut() {
+            Some(last) if (last.0 - t).abs() < 1e-6 => last.1 = total,
+            _ => out.push((t, total)),
+        }
+    }
+    out
+}
+
+/// Parses a `--trace` CSV (header `t_s,channel,cwnd,ssthresh,rtt_us,min_rtt_us,ca_state,…,bytes_acked`).
+pub fn parse_trace(csv: &str) -> Vec<TraceRow> {
+    csv.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            if f.len() < 12 {
+                return None;
+            }
+            Some(TraceRow {
+                t: f[0].parse().ok()?,
+                channel: f[1].parse().ok()?,
+                cwnd: f[2].parse().ok()?,
+                ssthresh: f[3].parse().ok()?,
+                rtt_us: f[4].parse().ok()?,
+                ca_state: f[6].parse().ok()?,
+                total_retrans: f[8].parse().ok()?,
+                bytes_acked: f[11].parse().ok()?,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trace_rows_parse_and_bad_lines_are_skipped() {
+        let csv = "t_s,channel,cwnd,ssthresh,rtt_us,min_rtt_us,ca_state,retrans,total_retrans,delivery_rate_bps,pacing_rate_bps,bytes_acked\n\
+                   0.010,0,10,2147483647,60500,60100,0,0,0,0,0,1\n\
+                   garbage\n\
+                   0.020,1,14,7,60600,60100,3,1,2,5,6,14481\n";
+        let rows = parse_trace(csv);
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[1].channel, 1);
+        assert_eq!(rows[1].ca_state, 3);
+        assert_eq!(rows[1].bytes_acked, 14481);
+    }
+
+    #[test]
+    fn goodput_after_warmup_is_delivered_bytes_over_the_late_intervals() {
+        let samples = [
+            (0.5, 0, 100),
+            (0.5, 1, 50),
+            (1.0, 0, 1000),
+            (1.0, 1, 500),
+            (2.0, 0, 2000),
+            (2.0, 1, 1000),
+        ];
+        let acked = total_acked(&samples);
+        assert_eq!(acked, vec![(0.5, 150), (1.0, 1500), (2.0, 3000)]);
+        let r = FlowResult {
+            spec: FlowSpec::new("reno", 2, 4.0),
+            summary: serde_json::json!({"goodput_bps": 5.0}),
+            acked,
+            trace: vec![],
+        };
+        assert_eq!(r.goodput_after(1.0), 1500.0 * 8.0);
+        assert_eq!(
+            r.goodput_after(1.5),
+            5.0,
+            "one late interval is not a measurement"
+        );
+    }
+}

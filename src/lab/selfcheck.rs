@@ -1,0 +1,159 @@
+//! The self-check `lab up` runs on a new lab: the RTT `ping` measures against the setting
+//! (within 5 %), the goodput one BBR flow reaches with a BDP-sized bottleneck queue (at
+//! least 95 % of what the rate allows, or an honest statement of the ceiling this host
+//! reached), and that packets were dropped only at the bottleneck, whose queue limit is read
+//! back from the kernel.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::config::Host;
+use super::counters;
+use super::flows::FlowSpec;
+use super::topology::{run, Lab};
+use super::LabError;
+
+/// Tolerance of the measured RTT around the setting.
+pub const RTT_TOLERANCE: f64 = 0.05;
+/// Share of the goodput ceiling one flow must reach with a BDP queue.
+pub const RATE_TARGET: f64 = 0.95;
+/// Congestion control of the single-flow check. BBR reaches the rate within a few RTTs;
+/// CUBIC leaves slow start early (HyStart) and then needs tens of seconds at 60 ms to fill
+/// a BDP, which would test CUBIC rather than the lab.
+pub const SINGLE_FLOW_CC: &str = "bbr";
+
+/// Results of the self-check.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SelfCheck {
+    /// RTT set for sender 1, ms.
+    pub rtt_set_ms: f64,
+    /// Mean RTT `ping` measured from sender 1 to the receiver, ms.
+    pub rtt_measured_ms: f64,
+    /// Within [`RTT_TOLERANCE`].
+    pub rtt_ok: bool,
+    /// Goodput of one BBR flow with a 1 BDP queue after its ramp-up, bits/s.
+    pub single_flow_bps: f64,
+    /// That goodput over the ceiling the rate allows at this MTU.
+    pub single_flow_utilization: f64,
+    /// At least [`RATE_TARGET`].
+    pub rate_ok: bool,
+    /// Packets the bottleneck dropped during the check.
+    pub bottleneck_drops: u64,
+    /// Packets dropped anywhere else (qdiscs, netfilter queue, delay element): must be 0.
+    pub drops_elsewhere: u64,
+    /// The bottleneck queue limit the kernel reports.
+    pub queue_limit: Option<u64>,
+    /// Drops only at the bottleneck and the limit as configured.
+    pub queue_ok: bool,
+    /// 99th percentile of the delay element's release lateness, µs.
+    pub lateness_p99_us: u64,
+    /// What to tell the user when a check failed.
+    pub notes: Vec<String>,
+}
+
+impl SelfCheck {
+    /// True when every check passed.
+    pub fn passed(&self) -> bool {
+        self.rtt_ok && self.rate_ok && self.queue_ok
+    }
+}
+
+/// Mean RTT in ms from `ping -q` output (`rtt min/avg/max/mdev = a/b/c/d ms`).
+pub fn parse_ping_avg(output: &str) -> Option<f64> {
+    let line = output.lines().find(|l| l.contains("min/avg/max"))?;
+    let values = line.split('=').nth(1)?.trim();
+    values.split('/').nth(1)?.trim().parse().ok()
+}
+
+/// Runs the checks on `lab` and records them in its state.
+pub fn run_checks(lab: &mut Lab) -> Result<SelfCheck, LabError> {
+    let spec = lab.spec().clone();
+    let target = Host::Receiver.addr().to_string();
+    // One ping first so the neighbour entries exist, then the measured ones.
+    let _ = run(lab
+        .command(Host::Sender(1), "ping")
+        .args(["-c", "1", "-W", "3", &target]));
+    let out = run(lab
+        .command(Host::Sender(1), "ping")
+        .args(["-q", "-c", "20", "-i", "0.05", "-W", "3", &target]))?;
+    let rtt_set_ms = spec.rtt_of(1).as_secs_f64() * 1e3;
+    let rtt_measured_ms = parse_ping_avg(&out).unwrap_or(f64::NAN);
+    let rtt_ok = (rtt_measured_ms / rtt_set_ms - 1.0).abs() <= RTT_TOLERANCE;
+    let mut notes = Vec::new();
+    if !rtt_ok {
+        notes.push(format!(
+            "ping measured {rtt_measured_ms:.2} ms for a {rtt_set_ms:.2} ms setting (more than {:.0} % off): the delay element is late; see `hsxfer lab status`",
+            RTT_TOLERANCE * 100.0
+        ));
+    }
+
+    let configured = lab.state.queue_packets;
+    let bdp = spec.bdp_packets().ceil() as u32;
+    lab.set_queue(bdp.max(configured))?;
+    let rtt = spec.rtt_of(1).as_secs_f64();
+    let warmup = (30.0 * rtt).max(2.0);
+    let flow = lab.run_flow(&FlowSpec::new(SINGLE_FLOW_CC, 1, warmup + 4.0));
+    lab.set_queue(configured)?;
+    let flow = flow?;
+    let single_flow_bps = flow.goodput_after(warmup);
+    let ceiling = spec.goodput_ceiling_bps();
+    let single_flow_utilization = single_flow_bps / ceiling;
+    let rate_ok = single_flow_utilization >= RATE_TARGET;
+    if !rate_ok {
+        notes.push(format!(
+            "one BBR flow with a BDP queue reached {:.0} Mbit/s, {:.1} % of the {:.0} Mbit/s this rate allows: this host cannot sustain {} Mbit/s here; treat about {:.0} Mbit/s as the achievable ceiling",
+            single_flow_bps / 1e6,
+            single_flow_utilization * 100.0,
+            ceiling / 1e6,
+            spec.rate_bps / 1_000_000,
+            single_flow_bps / 1e6
+        ));
+    }
+
+    let c = counters::read(lab, Duration::from_millis(100))?;
+    let bottleneck = c.bottleneck();
+    let queue_limit = bottleneck.and_then(|b| b.limit);
+    let drops_elsewhere = c.drops_elsewhere();
+    let queue_ok = drops_elsewhere == 0 && queue_limit == Some(configured as u64);
+    if !queue_ok {
+        notes.push(format!(
+            "{drops_elsewhere} packets were dropped outside the bottleneck (limit read back: {queue_limit:?}, configured {configured}): results would mix in losses the bottleneck did not cause"
+        ));
+    }
+    let check = SelfCheck {
+        rtt_set_ms,
+        rtt_measured_ms,
+        rtt_ok,
+        single_flow_bps,
+        single_flow_utilization,
+        rate_ok,
+        bottleneck_drops: bottleneck.map_or(0, |b| b.drops),
+        drops_elsewhere,
+        queue_limit,
+        queue_ok,
+        lateness_p99_us: c.element.as_ref().map_or(0, |e| {
+            e.queues
+                .iter()
+                .map(|q| q.lateness_p99_us)
+                .max()
+                .unwrap_or(0)
+        }),
+        notes,
+    };
+    lab.state.check = Some(check.clone());
+    lab.save()?;
+    Ok(check)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ping_summary_gives_the_mean() {
+        let out = "--- 10.77.0.2 ping statistics ---\n20 packets transmitted, 20 received, 0% packet loss, time 960ms\nrtt min/avg/max/mdev = 60.101/60.254/60.512/0.093 ms\n";
+        assert_eq!(parse_ping_avg(out), Some(60.254));
+        assert_eq!(parse_ping_avg("100% packet loss"), None);
+    }
+}

@@ -1,0 +1,253 @@
+//! The lab smoke test: a real emulated path (namespaces, TBF + drop-tail queue, the NFQUEUE
+//! delay element, the XDP loss program) checked with ping, hsxfer flows and the kernel's
+//! counters, and the `hsxfer lab` command surface. Needs root; prints SKIPPED otherwise (CI
+//! runs as root).
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use common::netns::root_or_skip;
+use hsxfer::lab::counters;
+use hsxfer::lab::flows::FlowSpec;
+use hsxfer::lab::selfcheck::{self, RATE_TARGET, RTT_TOLERANCE};
+use hsxfer::lab::{Host, Lab, LabSpec, QueueSize};
+
+/// One lab at a time: they measure rates on a 2-core machine.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn program() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_hsxfer"))
+}
+
+/// A lab name unique to this test process.
+fn name(tag: &str) -> String {
+    format!("t{}{tag}", std::process::id() % 10000)
+}
+
+/// Removes the lab when the test ends, passed or not.
+struct Cleanup(String);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = Lab::down(&self.0);
+    }
+}
+
+fn hsxfer(args: &[&str]) -> std::process::Output {
+    Command::new(program()).args(args).output().unwrap()
+}
+
+#[test]
+fn emulated_path_has_its_rtt_and_rate_and_a_tiny_queue_costs_utilization() {
+    if !root_or_skip("emulated path") {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let spec = LabSpec {
+        name: name("a"),
+        rate_bps: 200_000_000,
+        rtts: vec![Duration::from_millis(30)],
+        queue: QueueSize::Packets(16),
+        ..LabSpec::default()
+    };
+    let _cleanup = Cleanup(spec.name.clone());
+    let mut lab = Lab::up(&spec, program()).unwrap();
+
+    let check = selfcheck::run_checks(&mut lab).unwrap();
+    eprintln!("self-check: {check:?}");
+    assert!(
+        (check.rtt_measured_ms / 30.0 - 1.0).abs() <= RTT_TOLERANCE,
+        "ping RTT {} ms for 30 ms",
+        check.rtt_measured_ms
+    );
+    assert!(
+        check.single_flow_utilization >= RATE_TARGET,
+        "one flow with a BDP queue reached only {:.1} % of the ceiling",
+        check.single_flow_utilization * 100.0
+    );
+    assert_eq!(
+        check.queue_limit,
+        Some(16),
+        "the bottleneck queue is 16 packets"
+    );
+    assert_eq!(
+        check.drops_elsewhere, 0,
+        "packets dropped outside the bottleneck"
+    );
+
+    // The phenomenon the research is about: one Reno flow cannot fill the pipe through a
+    // 16-packet queue, and fills it with a BDP queue.
+    let ceiling = spec.goodput_ceiling_bps();
+    let before = counters::read(&lab, Duration::ZERO).unwrap();
+    let tiny = lab.run_flow(&FlowSpec::new("reno", 1, 8.0)).unwrap();
+    let after = counters::read(&lab, Duration::ZERO).unwrap();
+    assert_eq!(tiny.channel_ccs(), vec!["reno".to_string()]);
+    let drops = after.bottleneck().unwrap().drops - before.bottleneck().unwrap().drops;
+    assert!(
+        drops > 0,
+        "a 16-packet queue must overflow under one Reno flow"
+    );
+    assert_eq!(after.drops_elsewhere(), 0);
+    lab.set_queue(spec.bdp_packets().ceil() as u32).unwrap();
+    let full = lab.run_flow(&FlowSpec::new("reno", 1, 8.0)).unwrap();
+    let (u_tiny, u_full) = (
+        tiny.goodput_after(3.0) / ceiling,
+        full.goodput_after(3.0) / ceiling,
+    );
+    eprintln!("reno ×1: 16 packets {u_tiny:.3}, 1 BDP {u_full:.3}, {drops} drops");
+    assert!(
+        u_tiny < u_full - 0.1,
+        "16 packets gave {u_tiny:.3}, a BDP queue {u_full:.3}: expected clearly lower"
+    );
+    assert!(u_full > 0.9, "one Reno flow with a BDP queue: {u_full:.3}");
+
+    let stats = counters::read(&lab, Duration::ZERO)
+        .unwrap()
+        .element
+        .unwrap();
+    let q = &stats.queues[0];
+    assert!(
+        q.released > 1000,
+        "the delay element released {} packets",
+        q.released
+    );
+    assert_eq!(q.overflowed, 0);
+    eprintln!(
+        "delay element: p50 {} µs, p99 {} µs, max {} µs, {} over 1 ms of {}",
+        q.lateness_p50_us, q.lateness_p99_us, q.lateness_max_us, q.late_over_1ms, q.released
+    );
+}
+
+#[test]
+fn random_loss_drops_data_packets_at_about_the_set_rate() {
+    if !root_or_skip("random loss") {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let spec = LabSpec {
+        name: name("l"),
+        rate_bps: 100_000_000,
+        rtts: vec![Duration::from_millis(5)],
+        queue: QueueSize::Packets(1000),
+        loss: Some(0.03),
+        ..LabSpec::default()
+    };
+    let _cleanup = Cleanup(spec.name.clone());
+    let lab = Lab::up(&spec, program()).unwrap();
+    let out = lab
+        .command(Host::Sender(1), "ping")
+        .args(["-q", "-c", "400", "-i", "0.005", "-W", "1", "10.77.0.2"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let received: u32 = text
+        .split(", ")
+        .find_map(|p| {
+            p.strip_suffix(" received")
+                .and_then(|n| n.trim().parse().ok())
+        })
+        .unwrap_or_else(|| panic!("no ping summary: {text}"));
+    let lost = 400 - received;
+    // 3 % of 400 is 12; the loss is random, so accept a wide band that still rules out
+    // "no loss" and "everything lost".
+    assert!(
+        (2..=40).contains(&lost),
+        "{lost} of 400 echo requests lost at 3 %"
+    );
+}
+
+#[test]
+fn lab_commands_up_addr_exec_status_refuse_and_down() {
+    if !root_or_skip("lab commands") {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = name("c");
+    let _cleanup = Cleanup(lab.clone());
+    let up = [
+        "lab",
+        "up",
+        "--rate",
+        "100M",
+        "--rtt",
+        "10ms,20ms",
+        "--buffer",
+        "0.5bdp",
+        "--senders",
+        "2",
+        "--no-check",
+        "--name",
+        &lab,
+    ];
+    let out = hsxfer(&up);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("2 sender(s)"), "{text}");
+    // 100 Mbit/s × 10 ms = 82.6 frames of 1514 bytes: half of that, rounded up.
+    assert!(text.contains("queue 42 packets"), "{text}");
+
+    let again = hsxfer(&up);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already up"));
+
+    let addr = hsxfer(&["lab", "addr", "receiver", "--name", &lab]);
+    assert_eq!(String::from_utf8_lossy(&addr.stdout).trim(), "10.77.0.2");
+    let bad = hsxfer(&["lab", "addr", "sender3", "--name", &lab]);
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("has 2 sender(s)"));
+
+    // Sender 2's path has its own delay.
+    let ping = hsxfer(&[
+        "lab",
+        "exec",
+        "sender2",
+        "--name",
+        &lab,
+        "--",
+        "ping",
+        "-q",
+        "-c",
+        "5",
+        "-i",
+        "0.05",
+        "10.77.0.2",
+    ]);
+    assert!(ping.status.success());
+    let avg = selfcheck::parse_ping_avg(&String::from_utf8_lossy(&ping.stdout)).unwrap();
+    assert!(
+        (avg / 20.0 - 1.0).abs() < RTT_TOLERANCE,
+        "sender2 RTT {avg} ms"
+    );
+    let failing = hsxfer(&["lab", "exec", "router", "--name", &lab, "--", "false"]);
+    assert_eq!(
+        failing.status.code(),
+        Some(1),
+        "exec passes the exit code on"
+    );
+
+    let status = hsxfer(&["lab", "status", "--json", "--name", &lab]);
+    let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(v["state"]["queue_packets"], 42);
+    let qdiscs = v["counters"]["qdiscs"].as_array().unwrap();
+    assert!(qdiscs
+        .iter()
+        .any(|q| q["dev"] == "to-rcv" && q["kind"] == "pfifo" && q["limit"] == 42));
+    assert_eq!(
+        v["counters"]["element"]["queues"].as_array().unwrap().len(),
+        2
+    );
+
+    let down = hsxfer(&["lab", "down", "--name", &lab]);
+    assert!(down.status.success());
+    let gone = hsxfer(&["lab", "status", "--name", &lab]);
+    assert!(String::from_utf8_lossy(&gone.stderr).contains("no lab named"));
+    let ns = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&ns.stdout).contains(&format!("{lab}-")));
+}
