@@ -11,7 +11,12 @@ cargo build --release --quiet
 BIN="$PWD/target/release/hsxfer"
 WORK=$(mktemp -d /tmp/hsxfer-demo.XXXXXX)
 SERVER_PID=""
-cleanup() { [ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null; rm -rf "$WORK"; }
+LAB=""
+cleanup() {
+    [ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null
+    [ -n "$LAB" ] && "$BIN" lab down --name "$LAB" >/dev/null 2>&1
+    rm -rf "$WORK"
+}
 trap cleanup EXIT
 mkdir -p "$WORK/src/dataset/tree" "$WORK/root" "$WORK/back"
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$WORK/token"
@@ -36,6 +41,20 @@ echo "   trace: $(($(wc -l < "$WORK/cwnd.csv") - 1)) TCP_INFO samples; first row
 head -n 3 "$WORK/cwnd.csv" | sed 's/^/   /'
 echo "== host checks: hsxfer doctor --rate 10G --rtt 100ms"
 "$BIN" doctor --rate 10G --rtt 100ms || true
+if [ "$(id -u)" -eq 0 ]; then
+    LAB=demo
+    echo "== emulated WAN: hsxfer lab up --rate 200M --rtt 40ms --buffer 32 (namespaces, delay element, self-check)"
+    "$BIN" lab down --name "$LAB" >/dev/null 2>&1 || true
+    "$BIN" lab up --name "$LAB" --rate 200M --rtt 40ms --buffer 32
+    echo "== 4 reno channels through its 32-packet bottleneck"
+    "$BIN" lab exec sender1 --name "$LAB" -- "$BIN" bench 10.77.0.2 --cc reno -n 4 --time 5 \
+        --token-file "/run/hsxfer/lab/$LAB/token"
+    "$BIN" lab status --name "$LAB"
+    "$BIN" lab down --name "$LAB"
+    LAB=""
+else
+    echo "== (the emulated-WAN part of the demo needs root: sudo bash scripts/demo.sh)"
+fi
 echo "== independent check (sha256sum of every file, source vs pulled back)"
 (cd "$WORK/src" && find dataset -type f -print0 | sort -z | xargs -0 sha256sum) > "$WORK/a.sum"
 (cd "$WORK/back" && find dataset -type f -print0 | sort -z | xargs -0 sha256sum) > "$WORK/b.sum"

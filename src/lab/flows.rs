@@ -23,7 +23,8 @@ pub struct FlowSpec {
     pub cc: String,
     /// How long it runs, seconds.
     pub seconds: f64,
-    /// Write a per-channel 10 ms trace here.
+    /// Keep the per-channel 10 ms trace here (otherwise it goes to a temporary file in the
+    /// lab's directory, removed once read).
     pub trace: Option<PathBuf>,
     /// Further `bench` options (e.g. `--stagger 300ms`). By default channels start together
     /// and are not paced: plain parallel streams, as in the seed experiments.
@@ -48,6 +49,7 @@ impl FlowSpec {
 pub struct RunningFlow {
     child: Child,
     spec: FlowSpec,
+    trace: PathBuf,
     /// When it was started.
     pub started: Instant,
 }
@@ -80,11 +82,8 @@ pub struct FlowResult {
     pub spec: FlowSpec,
     /// The `summary` event.
     pub summary: Value,
-    /// `(seconds since the client started, bytes acknowledged by the receiver's TCP, all
-    /// channels)` at each reporting interval, from the `channel` events' `TCP_INFO` (what
-    /// was delivered, not what was written into socket buffers).
-    pub acked: Vec<(f64, u64)>,
-    /// The trace, if one was asked for.
+    /// The 10 ms `TCP_INFO` trace of every channel (goodput is measured from it: what the
+    /// receiver acknowledged, timed when sampled).
     pub trace: Vec<TraceRow>,
 }
 
@@ -108,9 +107,13 @@ impl Lab {
         if !spec.extra.iter().any(|a| a == "--pace") {
             c.args(["--pace", "off"]);
         }
-        if let Some(t) = &spec.trace {
-            c.arg("--trace").arg(t);
-        }
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let trace = spec.trace.clone().unwrap_or_else(|| {
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.dir()
+                .join(format!("flow-{}-{n}.csv", std::process::id()))
+        });
+        c.arg("--trace").arg(&trace);
         c.args(&spec.extra);
         let child = c
             .stdin(Stdio::null())
@@ -121,6 +124,7 @@ impl Lab {
         Ok(RunningFlow {
             child,
             spec: spec.clone(),
+            trace,
             started: Instant::now(),
         })
     }
@@ -160,42 +164,47 @@ impl RunningFlow {
                 stderr: why,
             });
         };
-        let samples: Vec<(f64, usize, u64)> = events
-            .iter()
-            .filter(|e| kind(e).as_deref() == Some("channel"))
-            .filter_map(|e| {
-                Some((
-                    e.get("seconds")?.as_f64()?,
-                    e.get("index")?.as_u64()? as usize,
-                    e.get("bytes_acked")?.as_u64()?,
-                ))
-            })
-            .collect();
-        let acked = total_acked(&samples);
-        let trace = match &self.spec.trace {
-            Some(path) => parse_trace(
-                &std::fs::read_to_string(path).map_err(LabError::io("reading a trace"))?,
-            ),
-            None => Vec::new(),
-        };
+        let csv = std::fs::read_to_string(&self.trace).map_err(LabError::io("reading a trace"));
+        if self.spec.trace.is_none() {
+            let _ = std::fs::remove_file(&self.trace);
+        }
         Ok(FlowResult {
             spec: self.spec,
             summary,
-            acked,
-            trace,
+            trace: parse_trace(&csv?),
         })
     }
 }
 
 impl FlowResult {
-    /// Delivered goodput from the first interval at or after `warmup` seconds to the last,
-    /// bits/s (the summary's goodput when the run had fewer than two such intervals).
+    /// Delivered goodput after `warmup` seconds of the trace, bits/s: per channel, the bytes
+    /// acknowledged between its first sample at or after `warmup` and its last, over the
+    /// longest such span (the summary's goodput when the trace is too short). Sample times
+    /// come from the sampler, so a busy reporting loop cannot skew them.
     pub fn goodput_after(&self, warmup: f64) -> f64 {
-        let late: Vec<&(f64, u64)> = self.acked.iter().filter(|(t, _)| *t >= warmup).collect();
-        match (late.first(), late.last()) {
-            (Some(a), Some(b)) if b.0 > a.0 => (b.1 - a.1) as f64 * 8.0 / (b.0 - a.0),
-            _ => self.summary_f64("goodput_bps"),
+        let channels = self
+            .trace
+            .iter()
+            .map(|r| r.channel)
+            .max()
+            .map_or(0, |c| c + 1);
+        let mut bytes = 0u64;
+        let mut span = 0f64;
+        for ch in 0..channels {
+            let mut late = self
+                .trace
+                .iter()
+                .filter(|r| r.channel == ch && r.t >= warmup);
+            if let Some(first) = late.next() {
+                let last = late.next_back().unwrap_or(first);
+                bytes += last.bytes_acked - first.bytes_acked;
+                span = span.max(last.t - first.t);
+            }
         }
+        if span < 0.5 {
+            return self.summary_f64("goodput_bps");
+        }
+        bytes as f64 * 8.0 / span
     }
 
     /// A number from the summary (0 when absent).
@@ -276,25 +285,6 @@ impl Drop for Background {
     }
 }
 
-/// Sums the channels' latest `bytes_acked` at each reporting time, from `(seconds, channel,
-/// bytes_acked)` samples in time order.
-fn total_acked(samples: &[(f64, usize, u64)]) -> Vec<(f64, u64)> {
-    let mut latest: Vec<u64> = Vec::new();
-    let mut out: Vec<(f64, u64)> = Vec::new();
-    for &(t, ch, acked) in samples {
-        if latest.len() <= ch {
-            latest.resize(ch + 1, 0);
-        }
-        latest[ch] = acked;
-        let total = latest.iter().sum();
-        match out.last_mut() {
-            Some(last) if (last.0 - t).abs() < 1e-6 => last.1 = total,
-            _ => out.push((t, total)),
-        }
-    }
-    out
-}
-
 /// Parses a `--trace` CSV (header `t_s,channel,cwnd,ssthresh,rtt_us,min_rtt_us,ca_state,…,bytes_acked`).
 pub fn parse_trace(csv: &str) -> Vec<TraceRow> {
     csv.lines()
@@ -336,28 +326,34 @@ mod tests {
     }
 
     #[test]
-    fn goodput_after_warmup_is_delivered_bytes_over_the_late_intervals() {
-        let samples = [
-            (0.5, 0, 100),
-            (0.5, 1, 50),
-            (1.0, 0, 1000),
-            (1.0, 1, 500),
-            (2.0, 0, 2000),
-            (2.0, 1, 1000),
-        ];
-        let acked = total_acked(&samples);
-        assert_eq!(acked, vec![(0.5, 150), (1.0, 1500), (2.0, 3000)]);
+    fn goodput_after_warmup_is_acknowledged_bytes_over_the_sampled_span() {
+        let row = |t: f64, channel: u16, bytes_acked: u64| TraceRow {
+            t,
+            channel,
+            cwnd: 10,
+            ssthresh: 0,
+            rtt_us: 0,
+            ca_state: 0,
+            total_retrans: 0,
+            bytes_acked,
+        };
         let r = FlowResult {
             spec: FlowSpec::new("reno", 2, 4.0),
             summary: serde_json::json!({"goodput_bps": 5.0}),
-            acked,
-            trace: vec![],
+            trace: vec![
+                row(0.5, 0, 100),
+                row(0.5, 1, 50),
+                row(1.0, 0, 1000),
+                row(1.0, 1, 500),
+                row(2.0, 0, 2000),
+                row(2.0, 1, 1000),
+            ],
         };
         assert_eq!(r.goodput_after(1.0), 1500.0 * 8.0);
         assert_eq!(
-            r.goodput_after(1.5),
+            r.goodput_after(1.8),
             5.0,
-            "one late interval is not a measurement"
+            "too short a span is not a measurement"
         );
     }
 }
