@@ -52,4 +52,20 @@ pub struct TelemetryBatch {
     pub trace: Vec<Sample>,
     /// True on the final batch of the session.
     pub last: bool,
+    /// The DMCTCP group's counters so far, when the channels run dmctcp as one group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dmctcp: Option<DmcCounters>,
+}
+
+/// What the DMCTCP group of a transfer did (read from the BPF program's group state).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DmcCounters {
+    /// Losses that halved the group's largest window.
+    pub cuts: u64,
+    /// Losses that kept the window (not the largest channel, or within an RTT of a cut).
+    pub losses_kept: u64,
+    /// The most channels in the group at once.
+    pub channels: u32,
+    /// Channels still in slow start that took the first cut's ssthresh.
+    pub slow_start_adopted: u64,
 }

@@ -1,5 +1,6 @@
 //! Command-line parsing and dispatch. Each subcommand maps onto one library call.
 
+mod cc;
 mod doctor;
 mod lab;
 mod operands;
@@ -45,6 +46,9 @@ enum Command {
     /// An emulated long fat network on this host (namespaces, bottleneck, delay) and the
     /// research experiments on it.
     Lab(lab::LabArgs),
+    /// Congestion controls: list them, register hsxfer's bundled BPF ones (dmctcp, highspeed,
+    /// scalable, htcp, bic), unregister them.
+    Cc(cc::CcArgs),
 }
 
 #[derive(Args)]
@@ -272,7 +276,7 @@ pub fn main() -> ExitCode {
         Command::Bench(b) => b.transfer.mode(),
         Command::Serve(_) => Mode::Human,
         Command::Doctor(d) => d.mode(),
-        Command::Lab(_) => Mode::Human,
+        Command::Lab(_) | Command::Cc(_) => Mode::Human,
     };
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     match rt.block_on(run(cli.command)) {
@@ -292,6 +296,7 @@ async fn run(cmd: Command) -> anyhow::Result<bool> {
         Command::Bench(a) => bench(a).await,
         Command::Doctor(a) => doctor::doctor(a),
         Command::Lab(a) => lab::lab(a),
+        Command::Cc(a) => cc::cc(a).await,
     }
 }
 

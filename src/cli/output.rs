@@ -331,6 +331,12 @@ fn human_summary(r: &TransferReport) {
         "  fairness (Jain) {jain}, retransmits {}, loss synchronization {sync}",
         r.retransmits
     );
+    if let Some(d) = r.dmctcp {
+        println!(
+            "  dmctcp group: {} channels, {} cuts of the largest window, {} losses kept, {} slow-start channels took the first cut's ssthresh",
+            d.channels, d.cuts, d.losses_kept, d.slow_start_adopted
+        );
+    }
 }
 
 /// Prints an error: an `error` event with `--json`, and always a line on stderr.

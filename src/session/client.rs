@@ -348,6 +348,9 @@ impl Client {
         channels.sort_by_key(|c| c.0);
         let channels: Vec<TcpStream> = channels.into_iter().map(|c| c.1).collect();
         if we_send {
+            if let Some(g) = &plan.dmc_group {
+                live.telemetry.set_group(g.clone());
+            }
             for (i, c) in channels.iter().enumerate() {
                 live.telemetry
                     .set_setup(read_setup(c, i, &plan.options[i], stagger[i])?);

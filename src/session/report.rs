@@ -6,6 +6,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::telemetry::{Telemetry, SAMPLE_PERIOD};
+use crate::channels::telemetry::DmcCounters;
 use crate::metrics::{jain, loss_sync, SyncReport};
 
 /// Counters updated by the data channels while a transfer runs; a caller may poll them
@@ -175,6 +176,9 @@ pub struct TransferReport {
     pub loss_sync: Option<SyncReport>,
     /// Per-channel bytes, goodput and transport state.
     pub channels: Vec<ChannelReport>,
+    /// What the DMCTCP group did (cuts, losses kept, channels), when the channels ran
+    /// dmctcp as one group.
+    pub dmctcp: Option<DmcCounters>,
 }
 
 impl TransferReport {
@@ -226,6 +230,7 @@ impl TransferReport {
                 .map(|s| s.tcp.total_retrans as u64)
                 .sum(),
             fairness_jain: jain(&goodputs),
+            dmctcp: live.telemetry.dmctcp(),
             loss_sync: loss_sync(&losses, per.len(), window),
             channels: per
                 .into_iter()

@@ -293,6 +293,9 @@ fn apply_plan(
     live: &LiveStats,
 ) -> Result<()> {
     let stagger = stagger_of(req);
+    if let (Some(g), Role::Send(_)) = (&plan.dmc_group, role) {
+        live.telemetry.set_group(g.clone());
+    }
     for (i, (c, opts)) in channels.iter().zip(&plan.options).enumerate() {
         c.set_nodelay(false).ok();
         opts.apply(c)

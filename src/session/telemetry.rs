@@ -8,9 +8,10 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::channels::telemetry::{ChannelSetup, Sample, TelemetryBatch};
+use crate::channels::telemetry::{ChannelSetup, DmcCounters, Sample, TelemetryBatch};
 use crate::metrics::{LossDetector, LossEvent};
 use crate::transport::tcp_info::tcp_info;
+use crate::tuning::bundled::group::DmcGroup;
 
 use super::report::LiveStats;
 
@@ -26,6 +27,8 @@ struct State {
     losses: Vec<LossEvent>,
     forwarded_losses: usize,
     trace: Option<Vec<Sample>>,
+    group: Option<Arc<DmcGroup>>,
+    dmctcp: Option<DmcCounters>,
 }
 
 /// Telemetry of one transfer; lives in [`LiveStats`].
@@ -76,6 +79,21 @@ impl Telemetry {
         }
     }
 
+    /// On the sending side: the DMCTCP group the channels joined, read for its counters.
+    pub fn set_group(&self, group: Arc<DmcGroup>) {
+        self.lock().group = Some(group);
+    }
+
+    /// The DMCTCP group's counters: read from the kernel on the sending side, as last
+    /// forwarded on the receiving side; None when the channels did not run as a group.
+    pub fn dmctcp(&self) -> Option<DmcCounters> {
+        let mut s = self.lock();
+        if let Some(c) = s.group.as_ref().and_then(|g| g.counters()) {
+            s.dmctcp = Some(c);
+        }
+        s.dmctcp
+    }
+
     /// Records when a channel sent its first block.
     pub fn mark_started(&self, channel: usize, t: f64) {
         if let Some(Some(setup)) = self.lock().setups.get_mut(channel) {
@@ -105,6 +123,7 @@ impl Telemetry {
     /// Takes what a sending server forwards: all setups, the latest samples, losses and trace
     /// samples since the previous batch.
     pub fn take_batch(&self, last: bool) -> TelemetryBatch {
+        let dmctcp = self.dmctcp();
         let mut s = self.lock();
         let losses = s.losses[s.forwarded_losses..].to_vec();
         s.forwarded_losses = s.losses.len();
@@ -114,6 +133,7 @@ impl Telemetry {
             losses,
             trace: s.trace.as_mut().map(std::mem::take).unwrap_or_default(),
             last,
+            dmctcp,
         }
     }
 
@@ -129,6 +149,9 @@ impl Telemetry {
             }
         }
         s.losses.extend(batch.losses);
+        if batch.dmctcp.is_some() {
+            s.dmctcp = batch.dmctcp;
+        }
         if let Some(t) = s.trace.as_mut() {
             t.extend(batch.trace);
         }

@@ -3,6 +3,7 @@
 //! buffer), planned against this host's limits, and what the kernel granted, read back.
 
 use std::os::fd::AsFd;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::channels::control::Tuning;
@@ -12,6 +13,7 @@ use crate::transport::buffers::granted;
 use crate::transport::cc::{self, CcCatalog};
 use crate::transport::SocketOptions;
 use crate::tuning::bdp::{self, Direction};
+use crate::tuning::bundled::{self, group::DmcGroup};
 use crate::tuning::registry;
 use crate::tuning::sysctl::BufferLimits;
 
@@ -31,6 +33,8 @@ pub struct LocalPlan {
     pub options: Vec<SocketOptions>,
     /// Limits that keep a setting below what the path needs, with the fix.
     pub notes: Vec<String>,
+    /// The DMCTCP group of this transfer's dmctcp channels (sending side, when reachable).
+    pub dmc_group: Option<Arc<DmcGroup>>,
 }
 
 /// Plans this host's data-socket options. On the sending side, every congestion control
@@ -46,11 +50,27 @@ pub fn local_plan(t: &Tuning, side: Side, channels: u16, host: &str) -> Result<L
     };
     let rtt = Duration::from_micros(t.rtt_us);
     let plan = bdp::plan(t.buffer, &dir_limits, dir, channels, rtt);
-    let notes = plan
+    let mut notes: Vec<String> = plan
         .warning
         .iter()
         .map(|w| format!("{host}: {w}"))
         .collect();
+    let dmc_channels = (0..channels as usize)
+        .filter(|i| side == Side::Send && t.cc_of(*i) == Some("dmctcp"))
+        .count();
+    let dmc_group = match dmc_channels {
+        0 => None,
+        _ => {
+            let g = DmcGroup::new().map(Arc::new);
+            if g.is_none() && dmc_channels > 1 {
+                notes.push(format!(
+                    "{host}: dmctcp channels cannot be grouped here (tagging sockets needs root and \
+                     the dmctcp maps); each channel runs as a group of its own"
+                ));
+            }
+            g
+        }
+    };
     let options = (0..channels as usize)
         .map(|i| SocketOptions {
             nodelay: false,
@@ -63,15 +83,28 @@ pub fn local_plan(t: &Tuning, side: Side, channels: u16, host: &str) -> Result<L
             max_pacing_rate: (side == Side::Send)
                 .then(|| t.pace.get(i).copied().flatten())
                 .flatten(),
+            dmc_group: dmc_group
+                .clone()
+                .filter(|_| side == Side::Send && t.cc_of(i) == Some("dmctcp")),
         })
         .collect();
-    Ok(LocalPlan { options, notes })
+    Ok(LocalPlan {
+        options,
+        notes,
+        dmc_group,
+    })
 }
 
-/// Refuses congestion controls this host cannot select, naming what is available.
+/// Refuses congestion controls this host cannot select, naming what is available. A bundled
+/// one that is not registered is registered first, for the life of this process, if the
+/// process may (root).
 pub fn check_congestion(t: &Tuning, host: &str) -> Result<()> {
     if t.cc.is_empty() {
         return Ok(());
+    }
+    if cc::privileged() {
+        bundled::ensure_registered(&t.cc)
+            .map_err(|e| Error::Usage(format!("on the {host}: {e}")))?;
     }
     let cat = CcCatalog::read().map_err(Error::io("reading the available congestion controls"))?;
     for name in &t.cc {

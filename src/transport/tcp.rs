@@ -5,8 +5,12 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd};
 
+use std::sync::Arc;
+
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
+
+use crate::tuning::bundled::group::DmcGroup;
 
 /// Options applied to a data or control socket before it connects (or, on the server, right
 /// after it is accepted).
@@ -22,6 +26,8 @@ pub struct SocketOptions {
     pub recv_buffer: Option<u64>,
     /// Per-socket pacing cap in bytes per second (`SO_MAX_PACING_RATE`), if any.
     pub max_pacing_rate: Option<u64>,
+    /// The DMCTCP group to put the socket in, before its congestion control starts.
+    pub dmc_group: Option<Arc<DmcGroup>>,
 }
 
 impl SocketOptions {
@@ -30,6 +36,9 @@ impl SocketOptions {
         let named = |what: &'static str| {
             move |e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"))
         };
+        if let Some(g) = &self.dmc_group {
+            g.join(sock).map_err(named("joining the dmctcp group"))?;
+        }
         if let Some(cc) = &self.congestion {
             super::cc::set_congestion(sock, cc).map_err(named("setting TCP_CONGESTION"))?;
         }

@@ -3,6 +3,7 @@
 //! `hsxfer doctor`. The path probe plugs in here.
 
 pub mod bdp;
+pub mod bundled;
 pub mod defaults;
 pub mod desync;
 pub mod doctor;

@@ -1,0 +1,306 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+/*
+ * DMCTCP, Desynchronized Multi-Channel TCP (seed 003, chapter 5), as a BPF congestion control.
+ *
+ * The m channels of one connection form a group. On a loss on channel i, w_i is halved only if
+ * it is the largest window in the group and more than one RTT has passed since the group's
+ * last cut; otherwise the window is kept and the loss only retransmitted. On each ACK the
+ * smallest channel grows by 1/w_i per segment, every other channel by 1/(w_total - w_min).
+ * After the group's first cut, channels still in slow start take that cut's ssthresh.
+ *
+ * Groups: MPTCP subflows join the group of their parent connection; plain TCP channels join
+ * the group named by a tag (u64 in the dmctcp_tags socket-storage map) that the sending
+ * process sets before the congestion control starts. An untagged socket is a group of one.
+ */
+#include "hsxfer_cc.h"
+
+char _license[] SEC("license") = "Dual MIT/GPL";
+
+#define DMC_MAX_CHANNELS 32
+
+HSX_STATS_MAP(dmctcp)
+
+/* A group: its channels' windows and counters. User space reads it by tag, then deletes it. */
+struct dmc_group {
+	struct bpf_spin_lock lock;
+	u32 used;           /* bit i set: slot i holds a channel */
+	u32 channels;       /* channels in the group now */
+	u32 channels_peak;  /* most channels at once */
+	u32 first_ssthresh; /* ssthresh of the group's first cut (0 before it) */
+	u32 pad;
+	u64 last_cut_us;    /* time of the group's last cut */
+	u64 cuts;           /* losses that halved the largest window */
+	u64 losses_kept;    /* losses that kept the window */
+	u64 ss_adopted;     /* slow-start channels that took the first cut's ssthresh */
+	u32 cwnd[DMC_MAX_CHANNELS];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, u64);
+	__type(value, struct dmc_group);
+} dmctcp_groups SEC(".maps");
+
+/* The group tag of a TCP socket, set by the sending process (key: the socket's fd). */
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, u64);
+} dmctcp_tags SEC(".maps");
+
+/* Per-socket state in icsk_ca_priv. */
+struct dmc_ca {
+	struct hsx_guard guard;
+	u64 key;      /* group key: a tag, or the MPTCP parent's address; 0: alone */
+	u64 last_cut_us; /* an ungrouped channel's last cut */
+	u32 slot;     /* 1 + slot in the group; 0: not in a group */
+	u32 joined;   /* a join was attempted and settled */
+};
+
+static __always_inline u64 now_us(void)
+{
+	return bpf_ktime_get_ns() / 1000;
+}
+
+/* The group key of this socket, or 0 if it has none (yet). */
+static __always_inline u64 dmc_group_key(struct sock *sk)
+{
+	struct tcp_sock *tp = tcp_sk(sk);
+	u64 *tag;
+
+	if (tp->is_mptcp) {
+		struct mptcp_subflow_context *ctx =
+			((struct inet_connection_sock *)sk)->icsk_ulp_data;
+		struct sock *conn = BPF_CORE_READ(ctx, conn);
+
+		return (u64)conn;
+	}
+	tag = bpf_sk_storage_get(&dmctcp_tags, sk, 0, 0);
+	return tag ? *tag : 0;
+}
+
+/* Takes a free slot in the group of `key`, creating the group if needed. */
+static __always_inline void dmc_join(struct sock *sk, struct dmc_ca *ca)
+{
+	struct dmc_group zero = {};
+	struct dmc_group *g;
+	u64 key;
+	u32 slot = 0;
+
+	/* The first ACK (the SYN-ACK's) can come before init: join once. */
+	if (ca->joined)
+		return;
+	key = dmc_group_key(sk);
+	if (!key)
+		return;
+	ca->joined = 1;
+	g = bpf_map_lookup_elem(&dmctcp_groups, &key);
+	if (!g) {
+		bpf_map_update_elem(&dmctcp_groups, &key, &zero, BPF_NOEXIST);
+		g = bpf_map_lookup_elem(&dmctcp_groups, &key);
+		if (!g)
+			return;
+	}
+	bpf_spin_lock(&g->lock);
+	for (u32 i = 0; i < DMC_MAX_CHANNELS; i++) {
+		if (!(g->used & (1U << i))) {
+			g->used |= 1U << i;
+			g->cwnd[i] = tcp_sk(sk)->snd_cwnd;
+			g->channels++;
+			if (g->channels > g->channels_peak)
+				g->channels_peak = g->channels;
+			slot = i + 1;
+			break;
+		}
+	}
+	bpf_spin_unlock(&g->lock);
+	if (slot) {
+		ca->key = key;
+		ca->slot = slot;
+	}
+}
+
+static __always_inline struct dmc_group *dmc_group(struct dmc_ca *ca)
+{
+	u64 key = ca->key;
+
+	if (!ca->slot)
+		return 0;
+	return bpf_map_lookup_elem(&dmctcp_groups, &key);
+}
+
+/* The group's windows, with this channel's current one. */
+struct dmc_view {
+	u32 total;
+	u32 min;
+	u32 max_others;
+};
+
+/*
+ * Publishes this channel's window and reads the others'. The loop does not compare slots
+ * with this channel's (the verifier would follow every slot as a separate path): the
+ * channel is left out through the `others` mask.
+ */
+static __always_inline struct dmc_view dmc_publish(struct dmc_group *g, u32 slot, u32 cwnd)
+{
+	struct dmc_view v = { .total = cwnd, .min = cwnd, .max_others = 0 };
+	u32 me = (slot - 1) & (DMC_MAX_CHANNELS - 1);
+	u32 others;
+
+	bpf_spin_lock(&g->lock);
+	g->cwnd[me] = cwnd;
+	others = g->used & ~(1U << me);
+	for (u32 i = 0; i < DMC_MAX_CHANNELS; i++) {
+		u32 w = g->cwnd[i];
+
+		if (!(others & (1U << i)))
+			continue;
+		v.total += w;
+		v.min = min_u32(v.min, w);
+		v.max_others = max_u32(v.max_others, w);
+	}
+	bpf_spin_unlock(&g->lock);
+	return v;
+}
+
+SEC("struct_ops")
+void BPF_PROG(dmctcp_init, struct sock *sk)
+{
+	struct dmc_ca *ca = inet_csk_ca(sk);
+
+	hsx_count_init();
+	dmc_join(sk, ca);
+}
+
+SEC("struct_ops")
+void BPF_PROG(dmctcp_release, struct sock *sk)
+{
+	struct dmc_ca *ca = inet_csk_ca(sk);
+	struct dmc_group *g = dmc_group(ca);
+	u32 me = (ca->slot - 1) & (DMC_MAX_CHANNELS - 1);
+	u32 left = 1;
+
+	hsx_count_release();
+	if (!g)
+		return;
+	bpf_spin_lock(&g->lock);
+	if (g->used & (1U << me)) {
+		g->used &= ~(1U << me);
+		g->cwnd[me] = 0;
+		g->channels--;
+	}
+	left = g->channels;
+	bpf_spin_unlock(&g->lock);
+	ca->slot = 0;
+	/* Tagged groups stay for user space to read; an MPTCP group goes with its last subflow. */
+	if (!left && (ca->key >> 63)) {
+		u64 key = ca->key;
+
+		bpf_map_delete_elem(&dmctcp_groups, &key);
+	}
+}
+
+SEC("struct_ops")
+void BPF_PROG(dmctcp_in_ack_event, struct sock *sk, u32 flags)
+{
+	struct dmc_ca *ca = inet_csk_ca(sk);
+	struct dmc_group *g;
+
+	hsx_guard_ack(sk, &ca->guard, hsx_stats());
+	if (!ca->joined)
+		dmc_join(sk, ca);
+	g = dmc_group(ca);
+	if (g)
+		dmc_publish(g, ca->slot, tcp_sk(sk)->snd_cwnd);
+}
+
+/* Cut (halve) only the largest window, at most once per RTT per group; otherwise keep it. */
+SEC("struct_ops")
+u32 BPF_PROG(dmctcp_ssthresh, struct sock *sk)
+{
+	struct dmc_ca *ca = inet_csk_ca(sk);
+	struct tcp_sock *tp = tcp_sk(sk);
+	u32 cwnd = tp->snd_cwnd;
+	u32 cut = max_u32(cwnd >> 1, 2);
+	u64 now = now_us();
+	u64 rtt = tp->srtt_us >> 3;
+	struct dmc_group *g = dmc_group(ca);
+	struct dmc_view v;
+	bool halve = false;
+
+	if (!g) {
+		halve = now - ca->last_cut_us > rtt;
+		if (halve)
+			ca->last_cut_us = now;
+		return hsx_ssthresh_ret(&ca->guard, halve ? cut : max_u32(cwnd, 2));
+	}
+	v = dmc_publish(g, ca->slot, cwnd);
+	bpf_spin_lock(&g->lock);
+	if (cwnd >= v.max_others && now - g->last_cut_us > rtt) {
+		halve = true;
+		g->last_cut_us = now;
+		g->cuts++;
+		if (!g->first_ssthresh)
+			g->first_ssthresh = cut;
+	} else {
+		g->losses_kept++;
+	}
+	bpf_spin_unlock(&g->lock);
+	return hsx_ssthresh_ret(&ca->guard, halve ? cut : max_u32(cwnd, 2));
+}
+
+SEC("struct_ops")
+void BPF_PROG(dmctcp_cong_avoid, struct sock *sk, u32 ack, u32 acked)
+{
+	struct dmc_ca *ca = inet_csk_ca(sk);
+	struct tcp_sock *tp = tcp_sk(sk);
+	struct dmc_group *g = dmc_group(ca);
+	struct dmc_view v;
+	u32 w;
+
+	if (!tcp_is_cwnd_limited(sk))
+		return;
+	if (g && tp->snd_ssthresh == TCP_INFINITE_SSTHRESH) {
+		u32 first = g->first_ssthresh;
+
+		if (first) {
+			tp->snd_ssthresh = first;
+			__sync_fetch_and_add(&g->ss_adopted, 1);
+		}
+	}
+	if (tcp_in_slow_start(tp)) {
+		acked = tcp_slow_start(tp, acked);
+		if (!acked)
+			goto publish;
+	}
+	w = tp->snd_cwnd;
+	if (g) {
+		v = dmc_publish(g, ca->slot, tp->snd_cwnd);
+		if (tp->snd_cwnd > v.min && v.total > v.min)
+			w = v.total - v.min;
+	}
+	tcp_cong_avoid_ai(tp, max_u32(w, 1), acked);
+publish:
+	if (g)
+		dmc_publish(g, ca->slot, tp->snd_cwnd);
+}
+
+SEC("struct_ops")
+u32 BPF_PROG(dmctcp_undo_cwnd, struct sock *sk)
+{
+	return tcp_reno_undo_cwnd(sk);
+}
+
+SEC(".struct_ops.link")
+struct tcp_congestion_ops dmctcp = {
+	.init = (void *)dmctcp_init,
+	.release = (void *)dmctcp_release,
+	.ssthresh = (void *)dmctcp_ssthresh,
+	.cong_avoid = (void *)dmctcp_cong_avoid,
+	.in_ack_event = (void *)dmctcp_in_ack_event,
+	.undo_cwnd = (void *)dmctcp_undo_cwnd,
+	.flags = TCP_CONG_NON_RESTRICTED,
+	.name = "dmctcp",
+};

@@ -1,0 +1,90 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+/*
+ * Scalable TCP (Kelly), with the constants of seed 001 Table II: alpha = 0.01 per ACKed
+ * segment, beta = 0.875 (cut by 1/8), standard Reno rules below Low_Window = 16 segments.
+ */
+#include "hsxfer_cc.h"
+
+char _license[] SEC("license") = "Dual MIT/GPL";
+
+#define SCALABLE_LOW_WINDOW 16
+/* +1 segment per 100 ACKed segments: alpha = 0.01. */
+#define SCALABLE_AI_CNT 100
+/* ssthresh = cwnd - cwnd >> 3: beta = 0.875. */
+#define SCALABLE_MD_SHIFT 3
+
+HSX_STATS_MAP(scalable)
+
+struct scalable_ca {
+	struct hsx_guard guard;
+};
+
+SEC("struct_ops")
+void BPF_PROG(scalable_init, struct sock *sk)
+{
+	hsx_count_init();
+}
+
+SEC("struct_ops")
+void BPF_PROG(scalable_release, struct sock *sk)
+{
+	hsx_count_release();
+}
+
+SEC("struct_ops")
+void BPF_PROG(scalable_in_ack_event, struct sock *sk, u32 flags)
+{
+	struct scalable_ca *ca = inet_csk_ca(sk);
+
+	hsx_guard_ack(sk, &ca->guard, hsx_stats());
+}
+
+SEC("struct_ops")
+void BPF_PROG(scalable_cong_avoid, struct sock *sk, u32 ack, u32 acked)
+{
+	struct tcp_sock *tp = tcp_sk(sk);
+
+	if (!tcp_is_cwnd_limited(sk))
+		return;
+	if (tcp_in_slow_start(tp)) {
+		acked = tcp_slow_start(tp, acked);
+		if (!acked)
+			return;
+	}
+	if (tp->snd_cwnd < SCALABLE_LOW_WINDOW)
+		tcp_cong_avoid_ai(tp, tp->snd_cwnd, acked);
+	else
+		tcp_cong_avoid_ai(tp, SCALABLE_AI_CNT, acked);
+}
+
+SEC("struct_ops")
+u32 BPF_PROG(scalable_ssthresh, struct sock *sk)
+{
+	struct scalable_ca *ca = inet_csk_ca(sk);
+	u32 cwnd = tcp_sk(sk)->snd_cwnd;
+	u32 s;
+
+	if (cwnd < SCALABLE_LOW_WINDOW)
+		s = max_u32(cwnd >> 1, 2);
+	else
+		s = max_u32(cwnd - (cwnd >> SCALABLE_MD_SHIFT), 2);
+	return hsx_ssthresh_ret(&ca->guard, s);
+}
+
+SEC("struct_ops")
+u32 BPF_PROG(scalable_undo_cwnd, struct sock *sk)
+{
+	return tcp_reno_undo_cwnd(sk);
+}
+
+SEC(".struct_ops.link")
+struct tcp_congestion_ops scalable = {
+	.init = (void *)scalable_init,
+	.release = (void *)scalable_release,
+	.ssthresh = (void *)scalable_ssthresh,
+	.cong_avoid = (void *)scalable_cong_avoid,
+	.in_ack_event = (void *)scalable_in_ack_event,
+	.undo_cwnd = (void *)scalable_undo_cwnd,
+	.flags = TCP_CONG_NON_RESTRICTED,
+	.name = "scalable",
+};

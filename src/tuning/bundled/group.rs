@@ -1,0 +1,120 @@
+//! DMCTCP groups for plain TCP: the channels of one transfer share a tag, set on each sending
+//! socket before its congestion control starts, so the BPF program knows which windows to
+//! compare. One tag per transfer; two transfers never share a group. The group's counters
+//! (cuts, losses kept, channels) are read back for the transfer summary.
+
+use std::os::fd::{AsFd, AsRawFd};
+
+use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType};
+
+use super::inspect::newest_map;
+
+const TAGS_MAP: &str = "dmctcp_tags";
+const GROUPS_MAP: &str = "dmctcp_groups";
+/// Offsets in the BPF `struct dmc_group` (bpf/dmctcp.bpf.c).
+const GROUP_VALUE_LEN: usize = 184;
+
+/// What a DMCTCP group did during a transfer (the wire type of the telemetry).
+pub use crate::channels::telemetry::DmcCounters as GroupCounters;
+
+/// Decodes the BPF map value of a group.
+pub fn decode(v: &[u8]) -> Option<GroupCounters> {
+    if v.len() < GROUP_VALUE_LEN {
+        return None;
+    }
+    let u32_at = |o: usize| u32::from_ne_bytes(v[o..o + 4].try_into().unwrap());
+    let u64_at = |o: usize| u64::from_ne_bytes(v[o..o + 8].try_into().unwrap());
+    Some(GroupCounters {
+        channels: u32_at(12),
+        cuts: u64_at(32),
+        losses_kept: u64_at(40),
+        slow_start_adopted: u64_at(48),
+    })
+}
+
+/// The DMCTCP group of one transfer. Dropping it forgets the group's counters in the kernel.
+#[derive(Debug)]
+pub struct DmcGroup {
+    tag: u64,
+    tags: MapHandle,
+    groups: MapHandle,
+}
+
+impl DmcGroup {
+    /// A fresh group, if the DMCTCP program is loaded and this process may reach its maps
+    /// (root). Without it, each DMCTCP socket is a group of its own.
+    pub fn new() -> Option<DmcGroup> {
+        let tags = newest_map(TAGS_MAP, MapType::SkStorage)?;
+        let groups = newest_map(GROUPS_MAP, MapType::Hash)?;
+        // Tags below 2^63: the program keys MPTCP groups by kernel addresses, which are above.
+        let tag = loop {
+            let t = rand::random::<u64>() >> 1;
+            if t != 0 {
+                break t;
+            }
+        };
+        Some(DmcGroup { tag, tags, groups })
+    }
+
+    /// The group's tag.
+    pub fn tag(&self) -> u64 {
+        self.tag
+    }
+
+    /// Puts `sock` in the group. Call before the socket's congestion control starts (before
+    /// `connect`, or before setting `TCP_CONGESTION` on an accepted socket).
+    pub fn join(&self, sock: &impl AsFd) -> std::io::Result<()> {
+        let fd: i32 = sock.as_fd().as_raw_fd();
+        self.tags
+            .update(&fd.to_ne_bytes(), &self.tag.to_ne_bytes(), MapFlags::ANY)
+            .map_err(|e| std::io::Error::other(format!("tagging a socket for dmctcp: {e}")))
+    }
+
+    /// The group's counters so far (None before any channel joined).
+    pub fn counters(&self) -> Option<GroupCounters> {
+        let v = self
+            .groups
+            .lookup(&self.tag.to_ne_bytes(), MapFlags::ANY)
+            .ok()??;
+        decode(&v)
+    }
+}
+
+impl Drop for DmcGroup {
+    fn drop(&mut self) {
+        let _ = self.groups.delete(&self.tag.to_ne_bytes());
+    }
+}
+
+impl PartialEq for DmcGroup {
+    fn eq(&self, other: &Self) -> bool {
+        self.tag == other.tag
+    }
+}
+
+impl Eq for DmcGroup {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_the_group_layout() {
+        let mut v = vec![0u8; GROUP_VALUE_LEN];
+        v[12..16].copy_from_slice(&4u32.to_ne_bytes());
+        v[32..40].copy_from_slice(&9u64.to_ne_bytes());
+        v[40..48].copy_from_slice(&31u64.to_ne_bytes());
+        v[48..56].copy_from_slice(&2u64.to_ne_bytes());
+        let c = decode(&v).unwrap();
+        assert_eq!(
+            c,
+            GroupCounters {
+                cuts: 9,
+                losses_kept: 31,
+                channels: 4,
+                slow_start_adopted: 2
+            }
+        );
+        assert_eq!(decode(&v[..100]), None);
+    }
+}

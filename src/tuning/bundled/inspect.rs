@@ -1,0 +1,188 @@
+//! What is registered: kernel or BPF congestion controls, pinned or held by a process, and
+//! the guard's counters of hsxfer's own programs. Reading BPF objects by id needs root;
+//! without it the answers fall back to what `/proc` says.
+
+use libbpf_rs::query::{LinkInfoIter, LinkTypeInfo, MapInfoIter};
+use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType};
+use serde::Serialize;
+
+use super::loader::pin_path;
+use crate::transport::cc::CcCatalog;
+
+/// Who provides a registered congestion control.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Origin {
+    /// Not registered.
+    Absent,
+    /// Built into the kernel or a kernel module.
+    Kernel,
+    /// A BPF struct_ops program held by a running process.
+    Bpf,
+    /// A BPF struct_ops program pinned under /sys/fs/bpf/hsxfer (stays until unloaded).
+    BpfPinned,
+    /// Registered, but this process may not look at BPF objects (not root).
+    Unknown,
+}
+
+impl Origin {
+    /// Words for messages and `cc list`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Origin::Absent => "not registered",
+            Origin::Kernel => "kernel",
+            Origin::Bpf => "BPF, held by a running process",
+            Origin::BpfPinned => "BPF, pinned",
+            Origin::Unknown => "registered (run as root to see by whom)",
+        }
+    }
+}
+
+/// Where congestion control `name` comes from on this host.
+pub fn origin(name: &str) -> Origin {
+    let registered = CcCatalog::read()
+        .map(|c| c.available.iter().any(|a| a == name))
+        .unwrap_or(false);
+    if !registered {
+        return Origin::Absent;
+    }
+    if !crate::transport::cc::privileged() {
+        return Origin::Unknown;
+    }
+    if struct_ops_links(name).is_empty() {
+        Origin::Kernel
+    } else if pin_path(name).exists() {
+        Origin::BpfPinned
+    } else {
+        Origin::Bpf
+    }
+}
+
+/// Ids of the struct_ops links that register a congestion control called `name`.
+pub fn struct_ops_links(name: &str) -> Vec<u32> {
+    LinkInfoIter::default()
+        .filter_map(|l| match l.info {
+            LinkTypeInfo::StructOps(s) => Some((l.id, s.map_id)),
+            _ => None,
+        })
+        .filter(|(_, map_id)| map_name(*map_id).as_deref() == Some(name))
+        .map(|(id, _)| id)
+        .collect()
+}
+
+fn map_name(id: u32) -> Option<String> {
+    MapInfoIter::default()
+        .find(|m| m.id == id)
+        .map(|m| m.name.to_string_lossy().into_owned())
+}
+
+/// The newest live map called `name` of type `ty`, opened by id (root only).
+pub(crate) fn newest_map(name: &str, ty: MapType) -> Option<MapHandle> {
+    let id = MapInfoIter::default()
+        .filter(|m| m.ty == ty && m.name.to_string_lossy() == name)
+        .map(|m| m.id)
+        .max()?;
+    MapHandle::from_map_id(id).ok()
+}
+
+/// Counters every hsxfer BPF congestion control keeps (its `NAME_stats` map).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct CcStats {
+    /// Sockets that started using it.
+    pub sockets: u64,
+    /// Sockets that stopped using it.
+    pub released: u64,
+    /// Garbage ssthresh values the guard replaced.
+    pub ssthresh_repairs: u64,
+    /// Absurd cwnd jumps the guard clamped.
+    pub cwnd_repairs: u64,
+}
+
+impl CcStats {
+    /// Decodes the map value (four native-endian u64).
+    pub fn decode(v: &[u8]) -> Option<CcStats> {
+        let word = |i: usize| -> Option<u64> {
+            Some(u64::from_ne_bytes(
+                v.get(i * 8..i * 8 + 8)?.try_into().ok()?,
+            ))
+        };
+        Some(CcStats {
+            sockets: word(0)?,
+            released: word(1)?,
+            ssthresh_repairs: word(2)?,
+            cwnd_repairs: word(3)?,
+        })
+    }
+
+    /// Repairs of both kinds.
+    pub fn repairs(&self) -> u64 {
+        self.ssthresh_repairs + self.cwnd_repairs
+    }
+}
+
+/// The counters of hsxfer's program `name`, if one is loaded and this process may read it.
+pub fn stats(name: &str) -> Option<CcStats> {
+    let map = newest_map(&format!("{name}_stats"), MapType::Array)?;
+    let v = map.lookup(&0u32.to_ne_bytes(), MapFlags::ANY).ok()??;
+    CcStats::decode(&v)
+}
+
+/// One line of `hsxfer cc list`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CcEntry {
+    /// Its name.
+    pub name: String,
+    /// Whether hsxfer bundles a BPF version.
+    pub bundled: bool,
+    /// Who provides the registered one.
+    pub origin: Origin,
+    /// Whether unprivileged processes may select it (`tcp_allowed_congestion_control`, or a
+    /// BPF program registered with TCP_CONG_NON_RESTRICTED).
+    pub allowed: bool,
+    /// Whether it is the host default.
+    pub default: bool,
+    /// The guard's counters, for hsxfer's own programs.
+    pub stats: Option<CcStats>,
+}
+
+/// Every congestion control the kernel has registered plus every bundled one.
+pub fn list() -> std::io::Result<Vec<CcEntry>> {
+    let cat = CcCatalog::read()?;
+    let mut names: Vec<String> = cat.available.clone();
+    for b in super::BUNDLED {
+        if !names.iter().any(|n| n == b.name) {
+            names.push(b.name.to_string());
+        }
+    }
+    Ok(names
+        .into_iter()
+        .map(|name| {
+            let origin = origin(&name);
+            let ours = matches!(origin, Origin::Bpf | Origin::BpfPinned);
+            CcEntry {
+                bundled: super::find(&name).is_some(),
+                allowed: cat.allowed.contains(&name),
+                default: cat.default == name,
+                stats: if ours { stats(&name) } else { None },
+                origin,
+                name,
+            }
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_decode_four_words() {
+        let mut v = Vec::new();
+        for w in [7u64, 5, 2, 1] {
+            v.extend_from_slice(&w.to_ne_bytes());
+        }
+        let s = CcStats::decode(&v).unwrap();
+        assert_eq!((s.sockets, s.released, s.repairs()), (7, 5, 3));
+        assert_eq!(CcStats::decode(&v[..31]), None);
+    }
+}

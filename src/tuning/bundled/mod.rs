@@ -1,0 +1,137 @@
+//! The congestion controls hsxfer bundles as BPF `struct_ops` programs (DMCTCP and the
+//! high-speed variants of the research), so they can be used on any kernel with BTF and
+//! without building kernel modules.
+//!
+//! The objects are built from `bpf/*.bpf.c` by `make -C bpf` and committed under `bpf/obj/`,
+//! so `cargo build` needs no clang; `make -C bpf check` proves they match their sources.
+//! [`Registration`] registers one with the kernel; [`inspect`] reads what is registered, by
+//! whom, and the guard's repair counters; [`group`] tags DMCTCP channels with their transfer.
+
+pub mod group;
+pub mod inspect;
+mod loader;
+
+pub use loader::{detach, ensure_registered, unpin, Registration, PIN_DIR};
+
+/// One bundled congestion control.
+#[derive(Debug)]
+pub struct BundledCc {
+    /// The name it registers under (what `TCP_CONGESTION` takes).
+    pub name: &'static str,
+    /// One line on what it is.
+    pub summary: &'static str,
+    /// The compiled BPF object (CO-RE, relocated at load).
+    object: &'static [u8],
+}
+
+impl BundledCc {
+    /// The compiled BPF object.
+    pub fn object(&self) -> &'static [u8] {
+        self.object
+    }
+}
+
+macro_rules! object {
+    ($name:literal) => {
+        include_bytes!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/bpf/obj/",
+            $name,
+            ".bpf.o"
+        ))
+    };
+}
+
+/// Every bundled congestion control, DMCTCP first.
+pub const BUNDLED: &[BundledCc] = &[
+    BundledCc {
+        name: "dmctcp",
+        summary: "Desynchronized Multi-Channel TCP: only the largest channel of a transfer cuts, at most once per RTT (seed 003 ch. 5)",
+        object: object!("dmctcp"),
+    },
+    BundledCc {
+        name: "highspeed",
+        summary: "HighSpeed TCP, RFC 3649 table as Linux's tcp_highspeed",
+        object: object!("highspeed"),
+    },
+    BundledCc {
+        name: "scalable",
+        summary: "Scalable TCP: +0.01 per ACKed segment, cut by 1/8, Reno below 16 segments",
+        object: object!("scalable"),
+    },
+    BundledCc {
+        name: "htcp",
+        summary: "H-TCP (Leith & Shorten): increase by time since the last loss, adaptive backoff",
+        object: object!("htcp"),
+    },
+    BundledCc {
+        name: "bic",
+        summary: "BIC-TCP: binary search increase toward the last maximum",
+        object: object!("bic"),
+    },
+];
+
+/// The bundled congestion control called `name`, if hsxfer has one.
+pub fn find(name: &str) -> Option<&'static BundledCc> {
+    BUNDLED.iter().find(|b| b.name == name)
+}
+
+/// Why a bundled congestion control could not be registered, unregistered or read.
+#[derive(Debug, thiserror::Error)]
+pub enum BundledError {
+    /// The name is not one hsxfer bundles.
+    #[error("hsxfer bundles no congestion control named '{0}'; bundled: dmctcp highspeed scalable htcp bic")]
+    Unknown(String),
+    /// The kernel already has a congestion control of that name (its own module, or ours
+    /// registered by another process).
+    #[error("congestion control '{0}' is already registered ({1})")]
+    AlreadyRegistered(String, &'static str),
+    /// Registering needs CAP_BPF and CAP_NET_ADMIN.
+    #[error("registering congestion control '{0}' needs root (CAP_BPF and CAP_NET_ADMIN); run `sudo hsxfer cc load {0} --pin`")]
+    NotPermitted(String),
+    /// libbpf or the kernel refused (verifier, BTF, struct_ops support).
+    #[error("{what} '{name}': {source}")]
+    Bpf {
+        /// What was being done.
+        what: &'static str,
+        /// The congestion control.
+        name: String,
+        /// The libbpf error.
+        source: libbpf_rs::Error,
+    },
+    /// A file-system step (bpffs, pins) failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_bundled_object_is_a_bpf_elf_named_after_its_cc() {
+        for cc in BUNDLED {
+            let o = cc.object();
+            assert_eq!(&o[..4], b"\x7fELF", "{}", cc.name);
+            // e_machine 247 = EM_BPF, little-endian at offset 18.
+            assert_eq!(u16::from_le_bytes([o[18], o[19]]), 247, "{}", cc.name);
+            let name = format!("{}\0", cc.name);
+            assert!(
+                o.windows(name.len()).any(|w| w == name.as_bytes()),
+                "{} object does not carry its name",
+                cc.name
+            );
+        }
+        assert_eq!(
+            BUNDLED.iter().map(|b| b.name).collect::<Vec<_>>(),
+            crate::tuning::registry::BUNDLED
+        );
+        assert!(find("dmctcp").is_some());
+        assert!(find("cubic").is_none());
+    }
+}
