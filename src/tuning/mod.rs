@@ -7,5 +7,6 @@ pub mod bundled;
 pub mod defaults;
 pub mod desync;
 pub mod doctor;
+pub mod models;
 pub mod registry;
 pub mod sysctl;

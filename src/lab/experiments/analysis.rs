@@ -142,9 +142,99 @@ pub fn convergence_time(
         .map(|&(t, _)| t - start)
 }
 
+/// A window reduction seen in a trace: a channel entered loss recovery (or a timeout), and
+/// the ssthresh it then had is what its congestion control decided for that loss.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reduction {
+    /// The channel.
+    pub channel: usize,
+    /// When recovery was first seen (trace time, s).
+    pub at: f64,
+    /// cwnd in the last sample before recovery (segments).
+    pub cwnd_before: u64,
+    /// ssthresh in the first sample in recovery (segments).
+    pub ssthresh: u64,
+}
+
+impl Reduction {
+    /// ssthresh / cwnd before: 0.5 for Reno, 0.7 for CUBIC, about 1 for a loss DMCTCP kept.
+    pub fn ratio(&self) -> f64 {
+        self.ssthresh as f64 / self.cwnd_before.max(1) as f64
+    }
+
+    /// Whether the window was really cut (the ratio is below `keep_above`), as opposed to a
+    /// loss that only retransmitted.
+    pub fn is_cut(&self, keep_above: f64) -> bool {
+        self.ratio() < keep_above
+    }
+}
+
+/// Every entry into recovery of each channel in a trace (10 ms samples), with the cwnd just
+/// before and the ssthresh chosen.
+pub fn reductions(rows: &[TraceRow], channels: usize) -> Vec<Reduction> {
+    let mut prev: Vec<Option<&TraceRow>> = vec![None; channels];
+    let mut out = Vec::new();
+    for r in rows {
+        let ch = r.channel as usize;
+        if ch >= channels {
+            continue;
+        }
+        if let Some(p) = prev[ch] {
+            if p.ca_state < 3 && r.ca_state >= 3 {
+                out.push(Reduction {
+                    channel: ch,
+                    at: r.t,
+                    cwnd_before: p.cwnd,
+                    ssthresh: r.ssthresh,
+                });
+            }
+        }
+        prev[ch] = Some(r);
+    }
+    out
+}
+
+/// Cuts (reductions below `keep_above`) as loss events, for the synchronization rate of
+/// Expr. 4.2 computed on the decisions of the congestion control rather than on losses.
+pub fn cut_events(reductions: &[Reduction], keep_above: f64) -> Vec<LossEvent> {
+    reductions
+        .iter()
+        .filter(|r| r.is_cut(keep_above))
+        .map(|r| LossEvent {
+            flow: r.channel,
+            at: r.at,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reductions_pair_the_cwnd_before_with_the_ssthresh_chosen() {
+        let mut rows = vec![
+            row(0.00, 0, 100, 0, 0),
+            row(0.00, 1, 80, 0, 0),
+            row(0.01, 0, 90, 3, 1),
+            row(0.01, 1, 81, 3, 1),
+            row(0.02, 0, 60, 3, 2),
+            row(0.03, 0, 50, 0, 2),
+            row(0.04, 0, 52, 4, 3),
+        ];
+        rows[2].ssthresh = 50;
+        rows[3].ssthresh = 81;
+        rows[6].ssthresh = 26;
+        let r = reductions(&rows, 2);
+        assert_eq!(r.len(), 3);
+        assert_eq!((r[0].channel, r[0].cwnd_before, r[0].ssthresh), (0, 100, 50));
+        assert_eq!(r[0].ratio(), 0.5);
+        assert!(r[0].is_cut(0.9) && !r[1].is_cut(0.9));
+        assert_eq!((r[2].at, r[2].cwnd_before), (0.04, 50));
+        let cuts = cut_events(&r, 0.9);
+        assert_eq!(cuts.len(), 2);
+        assert!(cuts.iter().all(|e| e.flow == 0));
+    }
 
     fn row(t: f64, channel: u16, cwnd: u64, ca_state: u8, total_retrans: u32) -> TraceRow {
         TraceRow {

@@ -1,0 +1,363 @@
+//! hsxfer's bundled BPF congestion controls on the real kernel: registration lifecycle
+//! (`hsxfer cc`), real transfers through an emulated bottleneck with each of them, their
+//! window decisions against the pure-Rust reference models, and DMCTCP's group rules and
+//! desynchronization. Needs root; prints SKIPPED otherwise (CI runs as root).
+
+mod common;
+
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::netns::root_or_skip;
+use hsxfer::lab::experiments::analysis::{cut_events, reductions, Reduction};
+use hsxfer::lab::flows::{FlowResult, FlowSpec};
+use hsxfer::lab::{Lab, LabSpec, QueueSize};
+use hsxfer::metrics::loss_sync;
+use hsxfer::transport::cc::{congestion, set_congestion, CcCatalog};
+use hsxfer::tuning::bundled::BUNDLED;
+use hsxfer::tuning::models::{htcp, Bic, HighSpeed, Scalable, WindowRules};
+use serde_json::Value;
+
+/// One test at a time: they register kernel-wide congestion controls and measure rates.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn program() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_hsxfer"))
+}
+
+fn hsxfer(args: &[&str]) -> std::process::Output {
+    Command::new(program()).args(args).output().unwrap()
+}
+
+fn available(name: &str) -> bool {
+    CcCatalog::read().unwrap().available.iter().any(|a| a == name)
+}
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < Duration::from_secs(10), "timed out: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `cc list --json` entry of `name`.
+fn listed(name: &str) -> Value {
+    let out = hsxfer(&["cc", "list", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let all: Value = serde_json::from_slice(&out.stdout).unwrap();
+    all.as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("{name} not listed"))
+}
+
+/// A loopback connection whose client side runs `cc`, with `bytes` pushed through it.
+fn loopback_pair(cc: &str, bytes: usize) -> (TcpStream, TcpStream) {
+    use std::io::{Read, Write};
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    set_congestion(&sock, cc).unwrap();
+    sock.connect(&l.local_addr().unwrap().into()).unwrap();
+    let mut client: TcpStream = sock.into();
+    let (mut server, _) = l.accept().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 1 << 16];
+        let mut got = 0;
+        while got < bytes {
+            got += server.read(&mut buf).unwrap();
+        }
+        server
+    });
+    client.write_all(&vec![7u8; bytes]).unwrap();
+    (client, reader.join().unwrap())
+}
+
+/// Kills a `cc load` holder if the test fails before it does.
+struct Holder(Child);
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn load_use_kill_pin_unload() {
+    if !root_or_skip("cc lifecycle") {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cc = "bic";
+    assert!(hsxfer(&["cc", "unload", cc]).status.success());
+    assert!(!available(cc), "bic is still registered after unload");
+    let out = hsxfer(&["cc", "load", "vegas"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bundled: dmctcp"));
+
+    // Registered while the command runs.
+    let mut holder = Holder(
+        Command::new(program())
+            .args(["cc", "load", cc])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("bic to appear in tcp_available_congestion_control", || {
+        available(cc)
+    });
+    let entry = listed(cc);
+    assert_eq!(entry["origin"], "bpf", "{entry}");
+    assert_eq!(entry["allowed"], true, "TCP_CONG_NON_RESTRICTED: {entry}");
+    let sockets_before = entry["stats"]["sockets"].as_u64().unwrap();
+
+    // A transfer uses it: the kernel says so through TCP_CONGESTION and `ss`.
+    let (client, _server) = loopback_pair(cc, 8 << 20);
+    assert_eq!(congestion(&client).unwrap(), cc);
+    let port = client.local_addr().unwrap().port().to_string();
+    let ss = Command::new("ss")
+        .args(["-tin", "sport", "=", &format!(":{port}")])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&ss.stdout).contains(" bic "),
+        "ss does not show bic: {}",
+        String::from_utf8_lossy(&ss.stdout)
+    );
+    assert!(listed(cc)["stats"]["sockets"].as_u64().unwrap() > sockets_before);
+
+    // SIGKILL of the holder unregisters it; the socket keeps its ops and still sends.
+    holder.0.kill().unwrap();
+    holder.0.wait().unwrap();
+    wait_for("bic to disappear after SIGKILL of its holder", || {
+        !available(cc)
+    });
+    let (c2, s2) = (client, _server);
+    {
+        use std::io::{Read, Write};
+        let mut c2 = &c2;
+        let mut s2 = &s2;
+        c2.write_all(b"still here").unwrap();
+        let mut buf = [0u8; 10];
+        s2.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"still here");
+    }
+    assert_eq!(congestion(&c2).unwrap(), cc);
+    let probe = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    assert_eq!(
+        set_congestion(&probe, cc).unwrap_err().raw_os_error(),
+        Some(libc::ENOENT)
+    );
+
+    // Pinned, it outlives the command, until unloaded.
+    let out = hsxfer(&["cc", "load", cc, "--pin"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(available(cc));
+    assert_eq!(listed(cc)["origin"], "bpf_pinned");
+    let out = hsxfer(&["cc", "load", cc, "--pin"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("already registered"));
+    let out = hsxfer(&["cc", "unload", cc]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(!available(cc));
+    assert_eq!(listed(cc)["origin"], "absent");
+    // The kernel's own are not ours to unload.
+    let out = hsxfer(&["cc", "unload", "all"]);
+    assert!(out.status.success());
+    assert!(available("reno"));
+}
+
+/// The bottleneck the per-CC runs share: 100 Mbit/s, 10 ms, a drop-tail queue of half a BDP.
+fn bottleneck(name: &str, rtt_ms: u64, queue: QueueSize) -> (Lab, Cleanup) {
+    let spec = LabSpec {
+        name: format!("c{}{name}", std::process::id() % 10000),
+        rate_bps: 100_000_000,
+        rtts: vec![Duration::from_millis(rtt_ms)],
+        queue,
+        ..LabSpec::default()
+    };
+    let cleanup = Cleanup(spec.name.clone());
+    (Lab::up(&spec, program()).unwrap(), cleanup)
+}
+
+/// Removes the lab when the test ends, passed or not.
+struct Cleanup(String);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = Lab::down(&self.0);
+    }
+}
+
+fn run(lab: &Lab, cc: &str, channels: u16, seconds: f64) -> FlowResult {
+    lab.run_flow(&FlowSpec::new(cc, channels, seconds)).unwrap()
+}
+
+/// What each congestion control's reference model says ssthresh / cwnd is after a loss at
+/// window `w`, with a tolerance for 10 ms sampling (the cwnd seen can be a sample old).
+fn expected_ratio(cc: &str, w: f64) -> Option<(f64, f64)> {
+    let tol = 0.06;
+    Some(match cc {
+        "highspeed" => (HighSpeed.on_loss(w) / w, tol),
+        "scalable" => (Scalable.on_loss(w) / w, tol),
+        // A loss below the last maximum also moves w_max, not the ratio.
+        "bic" => (Bic::default().on_loss(w) / w, tol),
+        // H-TCP's backoff is adaptive: 0.5 (after a throughput change) up to 102/128.
+        "htcp" => {
+            let (lo, hi) = (
+                htcp::BETA_MIN as f64 / htcp::FIXED_ONE as f64,
+                htcp::BETA_MAX as f64 / htcp::FIXED_ONE as f64,
+            );
+            ((lo + hi) / 2.0, (hi - lo) / 2.0 + tol)
+        }
+        _ => return None,
+    })
+}
+
+#[test]
+fn each_bundled_cc_fills_a_bottleneck_ten_times_and_cuts_as_its_model() {
+    if !root_or_skip("bundled CCs through a bottleneck") {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (lab, _cleanup) = bottleneck("b", 10, QueueSize::Bdp(0.5));
+    let rate = 100e6;
+    let bdp_packets = rate * 0.010 / (1514.0 * 8.0);
+    let mut report = Vec::new();
+    for cc in BUNDLED.iter().map(|b| b.name) {
+        let mut goodputs = Vec::new();
+        let mut ratios: Vec<(f64, f64, f64)> = Vec::new();
+        for run_no in 0..10 {
+            let r = run(&lab, cc, 2, 2.0);
+            assert_eq!(r.channel_ccs(), vec![cc.to_string(); 2], "run {run_no}");
+            let goodput = r.summary_f64("goodput_bps");
+            goodputs.push(goodput);
+            let max_cwnd = r.trace.iter().map(|t| t.cwnd).max().unwrap_or(0);
+            assert!(
+                (max_cwnd as f64) < 20.0 * bdp_packets,
+                "{cc} run {run_no}: cwnd exploded to {max_cwnd} (BDP {bdp_packets:.0} packets)"
+            );
+            assert!(
+                goodput >= 0.80 * rate,
+                "{cc} run {run_no}: {:.1} Mbit/s < 80 % of the bottleneck",
+                goodput / 1e6
+            );
+            for red in reductions(&r.trace, 2) {
+                if let Some((want, tol)) = expected_ratio(cc, red.cwnd_before as f64) {
+                    ratios.push((red.ratio(), want, tol));
+                }
+            }
+        }
+        // Model against the real program: the median error of ssthresh / cwnd after a loss.
+        if !ratios.is_empty() {
+            let mut err: Vec<f64> = ratios.iter().map(|(g, w, _)| (g - w).abs()).collect();
+            err.sort_by(f64::total_cmp);
+            let median = err[err.len() / 2];
+            assert!(
+                ratios.len() >= 5,
+                "{cc}: only {} reductions seen",
+                ratios.len()
+            );
+            let tol = ratios[0].2;
+            assert!(
+                median <= tol,
+                "{cc}: ssthresh/cwnd after a loss is off its model by {median:.3} (median over {}): {ratios:?}",
+                ratios.len()
+            );
+        } else {
+            assert!(expected_ratio(cc, 100.0).is_none(), "{cc}: no reductions seen");
+        }
+        let stats = listed(cc)["stats"].clone();
+        report.push(format!(
+            "{cc}: goodput min {:.1} Mbit/s over 10 runs, {} reductions checked, guard {stats}",
+            goodputs.iter().cloned().fold(f64::INFINITY, f64::min) / 1e6,
+            ratios.len()
+        ));
+    }
+    eprintln!("{}", report.join("\n"));
+}
+
+#[test]
+fn dmctcp_cuts_only_the_largest_once_per_rtt_and_desynchronizes() {
+    if !root_or_skip("dmctcp rules") {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let rtt = 0.040;
+    let (lab, _cleanup) = bottleneck("d", 40, QueueSize::Bdp(0.1));
+    let m = 4;
+    let seconds = 20.0;
+    let warmup = 2.0;
+
+    let d = run(&lab, "dmctcp", m, seconds);
+    let group = d.summary["dmctcp"].clone();
+    assert_eq!(group["channels"], m as u64, "{group}");
+    let cuts = group["cuts"].as_u64().unwrap();
+    let kept = group["losses_kept"].as_u64().unwrap();
+    assert!(
+        cuts >= 5 && kept >= cuts,
+        "a 10 % BDP queue must cause cuts and kept losses: {group}"
+    );
+    assert!(
+        (cuts as f64) <= d.summary_f64("seconds") / rtt + 1.0,
+        "at most one cut per RTT: {group}"
+    );
+
+    // From the TCP_INFO trace: every cut is on the channel with the largest window and
+    // follows the previous cut by at least one RTT (less one sampling period).
+    let reds = reductions(&d.trace, m as usize);
+    let cut: Vec<&Reduction> = reds.iter().filter(|r| r.is_cut(0.75)).collect();
+    assert!(cut.len() >= 3, "cuts seen in the trace: {reds:?}");
+    for pair in cut.windows(2) {
+        assert!(
+            pair[1].at - pair[0].at >= rtt - 0.011,
+            "two cuts within one RTT: {pair:?}"
+        );
+    }
+    for c in &cut {
+        let others_max = latest_before(&d, c.at - 0.011, c.channel);
+        assert!(
+            c.cwnd_before as f64 >= 0.9 * others_max - 2.0,
+            "cut on channel {} at {:.2} s with cwnd {} while another had {others_max}",
+            c.channel,
+            c.at,
+            c.cwnd_before
+        );
+    }
+
+    // Expr. 4.2 on the congestion controls' cuts: DMCTCP's are less synchronized.
+    let sync_of = |r: &FlowResult| {
+        let reds: Vec<Reduction> = reductions(&r.trace, m as usize)
+            .into_iter()
+            .filter(|x| x.at >= warmup)
+            .collect();
+        loss_sync(&cut_events(&reds, 0.75), m as usize, rtt)
+            .map(|s| s.global)
+            .unwrap_or(0.0)
+    };
+    let dmc = sync_of(&d);
+    let reno = sync_of(&run(&lab, "reno", m, seconds));
+    let cubic = sync_of(&run(&lab, "cubic", m, seconds));
+    eprintln!("global synchronization of cuts: dmctcp {dmc:.3}, reno {reno:.3}, cubic {cubic:.3}; group {group}");
+    assert!(
+        dmc < reno && dmc < cubic,
+        "dmctcp {dmc:.3} must be below reno {reno:.3} and cubic {cubic:.3}"
+    );
+}
+
+/// The largest cwnd of the channels other than `channel` in their last samples before `t`.
+fn latest_before(r: &FlowResult, t: f64, channel: usize) -> f64 {
+    let mut last = std::collections::HashMap::new();
+    for row in r.trace.iter().filter(|row| row.t <= t) {
+        last.insert(row.channel as usize, row.cwnd);
+    }
+    last.iter()
+        .filter(|(c, _)| **c != channel)
+        .map(|(_, w)| *w as f64)
+        .fold(0.0, f64::max)
+}
