@@ -11,6 +11,7 @@
  * Groups: MPTCP subflows join the group of their parent connection; plain TCP channels join
  * the group named by a tag (u64 in the dmctcp_tags socket-storage map) that the sending
  * process sets before the congestion control starts. An untagged socket is a group of one.
+ * Channels are paced by TCP's internal pacing (see init).
  */
 #include "hsxfer_cc.h"
 
@@ -172,6 +173,12 @@ void BPF_PROG(dmctcp_init, struct sock *sk)
 
 	hsx_count_init();
 	dmc_join(sk, ca);
+	/*
+	 * TCP's internal pacing (cwnd/srtt x 1.2 in congestion avoidance, no fq needed): the
+	 * seed's model assumes ACK-clocked, smooth channels; unpaced, a channel's line-rate bursts
+	 * overflow a tiny drop-tail buffer long before the aggregate fills the path.
+	 */
+	sk->sk_pacing_status = SK_PACING_NEEDED;
 }
 
 SEC("struct_ops")

@@ -41,7 +41,10 @@ struct sock_common {
 
 struct sock {
 	struct sock_common __sk_common;
+	u32 sk_pacing_status;
 } __attribute__((preserve_access_index));
+
+#define SK_PACING_NEEDED 1
 
 struct inet_sock {
 	struct sock sk;

@@ -4,7 +4,10 @@
 set -euo pipefail
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 need=()
-for pkg in ca-certificates curl gcc libc6-dev make pkg-config coreutils util-linux iproute2 procps ethtool iputils-ping iptables; do
+# clang, llvm, libbpf-dev, linux-libc-dev: rebuild and check the bundled BPF congestion controls
+# (bpf/); libelf-dev, zlib1g-dev: the libbpf that libbpf-sys builds and links in.
+for pkg in ca-certificates curl gcc libc6-dev make pkg-config coreutils util-linux iproute2 procps ethtool iputils-ping iptables \
+    clang llvm libbpf-dev linux-libc-dev libelf-dev zlib1g-dev; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

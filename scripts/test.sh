@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit and integration tests (real sockets on
-# loopback; the disk-full test mounts a small tmpfs and needs root, as CI has), the fuzz
+# loopback; the disk-full test mounts a small tmpfs and needs root, as CI has), the bundled
+# BPF objects against their sources, the fuzz
 # targets' decoders on random input, and a build of the benchmarks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,6 +9,8 @@ bash scripts/setup.sh
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 cargo fmt --check
+# The committed BPF objects must be what their sources build to.
+make -C bpf check
 cargo clippy --release --all-targets -- -D warnings
 cargo test --release --all-targets
 # Fuzz the peer-input decoders for a short while (the same invariants run in the unit tests).

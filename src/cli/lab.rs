@@ -141,6 +141,12 @@ struct RunArgs {
     /// Name of the labs the experiment builds (it must not exist).
     #[arg(long, default_value = "hsxexp")]
     name: String,
+    /// Channel counts m to run (utilization; default 1 to 8).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..=32))]
+    channels: Option<Vec<u16>>,
+    /// Only the tiny queue, without the 1 BDP comparison (utilization).
+    #[arg(long)]
+    tiny_only: bool,
 }
 
 #[derive(Args)]
@@ -459,6 +465,8 @@ fn run(r: RunArgs) -> anyhow::Result<bool> {
         ccs: r.cc,
         seconds: r.seconds,
         lab_name: r.name,
+        channels: r.channels,
+        tiny_only: r.tiny_only,
     };
     let report = experiments::run(r.experiment, &opts, &mut |line| eprintln!("{line}"))?;
     println!("{}", report.markdown);

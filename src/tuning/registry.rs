@@ -29,7 +29,7 @@ pub fn check_usable(
         ));
     }
     let hint = if BUNDLED.contains(&name) {
-        format!("; hsxfer bundles it: run `hsxfer cc load {name}` on the {host}")
+        format!("; hsxfer bundles it: run `sudo hsxfer cc load {name} --pin` on the {host}")
     } else {
         String::new()
     };
@@ -64,7 +64,7 @@ mod tests {
         assert_eq!(
             e,
             "congestion control 'htcp' is not available on the client; available: reno bbr cubic; \
-             hsxfer bundles it: run `hsxfer cc load htcp` on the client"
+             hsxfer bundles it: run `sudo hsxfer cc load htcp --pin` on the client"
         );
         let e = check_usable(&c, "vegas", true, "client").unwrap_err();
         assert!(e.ends_with("available: reno bbr cubic"), "{e}");

@@ -227,7 +227,10 @@ mod tests {
         rows[6].ssthresh = 26;
         let r = reductions(&rows, 2);
         assert_eq!(r.len(), 3);
-        assert_eq!((r[0].channel, r[0].cwnd_before, r[0].ssthresh), (0, 100, 50));
+        assert_eq!(
+            (r[0].channel, r[0].cwnd_before, r[0].ssthresh),
+            (0, 100, 50)
+        );
         assert_eq!(r[0].ratio(), 0.5);
         assert!(r[0].is_cut(0.9) && !r[1].is_cut(0.9));
         assert_eq!((r[2].at, r[2].cwnd_before), (0.04, 50));

@@ -90,6 +90,10 @@ pub struct RunOptions {
     pub seconds: Option<f64>,
     /// Name of the labs the experiment builds.
     pub lab_name: String,
+    /// Channel counts to run instead of the experiment's (utilization).
+    pub channels: Option<Vec<u16>>,
+    /// Only the tiny drop-tail queue, not the 1 BDP comparison (utilization).
+    pub tiny_only: bool,
 }
 
 /// What an experiment produced.

@@ -47,6 +47,7 @@ pub fn run(opts: &RunOptions, log: &mut dyn FnMut(&str)) -> Result<Report, LabEr
             (1_000_000_000, 60, 64, (1..=8).collect(), 15.0, 5.0)
         };
     let seconds = opts.seconds.unwrap_or(seconds);
+    let channels = opts.channels.clone().unwrap_or(channels);
     let defaults: &[&str] = if opts.quick {
         &["reno", "cubic"]
     } else {
@@ -61,11 +62,19 @@ pub fn run(opts: &RunOptions, log: &mut dyn FnMut(&str)) -> Result<Report, LabEr
         ..LabSpec::default()
     };
     let bdp = spec.bdp_packets().ceil() as u32;
-    let traced_m = *channels.iter().find(|m| **m == 4).unwrap_or(&channels[0]);
+    let traced_m = *channels
+        .iter()
+        .find(|m| **m == 4 || **m == 5)
+        .unwrap_or(&channels[0]);
     let mut lab = OwnedLab::up(&spec, opts)?;
     let mut rows = Vec::new();
     let mut traces = Vec::new();
-    for (queue, packets) in [("tiny", tiny), ("1 BDP", bdp)] {
+    let queues: &[(&str, u32)] = if opts.tiny_only {
+        &[("tiny", tiny)]
+    } else {
+        &[("tiny", tiny), ("1 BDP", bdp)]
+    };
+    for &(queue, packets) in queues {
         lab.0.set_queue(packets)?;
         for cc in &ccs {
             for &m in &channels {
@@ -85,8 +94,12 @@ pub fn run(opts: &RunOptions, log: &mut dyn FnMut(&str)) -> Result<Report, LabEr
                     retransmits: r.summary_f64("retransmits") as u64,
                     jain: jain(&r.channel_goodputs()),
                 };
+                let group = match &r.summary["dmctcp"] {
+                    serde_json::Value::Null => String::new(),
+                    g => format!(", dmctcp group {g}"),
+                };
                 log(&format!(
-                    "utilization: {cc} m={m} queue={queue} ({packets} packets): {:.1} Mbit/s = {}",
+                    "utilization: {cc} m={m} queue={queue} ({packets} packets): {:.1} Mbit/s = {}{group}",
                     goodput / 1e6,
                     pct(row.utilization)
                 ));
@@ -103,7 +116,7 @@ pub fn run(opts: &RunOptions, log: &mut dyn FnMut(&str)) -> Result<Report, LabEr
     let mut files = Vec::new();
     let plot = out_file(opts, "utilization-vs-channels.svg");
     let mut series: Vec<Series> = Vec::new();
-    for queue in ["tiny", "1 BDP"] {
+    for &(queue, _) in queues {
         for cc in &ccs {
             let points = rows
                 .iter()
@@ -190,7 +203,7 @@ pub fn run(opts: &RunOptions, log: &mut dyn FnMut(&str)) -> Result<Report, LabEr
         md += "---|";
     }
     md += "\n";
-    for queue in ["tiny", "1 BDP"] {
+    for &(queue, _) in queues {
         for cc in &ccs {
             md += &format!("| {cc} | {queue} |");
             for m in &channels {
