@@ -92,13 +92,29 @@ fn emulated_path_has_its_rtt_and_rate_and_a_tiny_queue_costs_utilization() {
         "a 16-packet queue must overflow under one Reno flow"
     );
     assert_eq!(after.drops_elsewhere(), 0);
-    lab.set_queue(spec.bdp_packets().ceil() as u32).unwrap();
-    let full = lab.run_flow(&FlowSpec::new("reno", 1, 8.0)).unwrap();
+    // With a BDP queue, Reno's halvings from 2 BDP leave the pipe full, so once its window
+    // has reached the BDP in congestion avoidance the link must stay busy. Before that it may
+    // still be climbing back at one segment per RTT from slow start's overshoot (a timeout
+    // there once held a run at 0.75 for its whole measurement), which says nothing about the
+    // path: measure from the ramp-up on, over at least 4 s.
+    let bdp = spec.bdp_packets().ceil() as u32;
+    lab.set_queue(bdp).unwrap();
+    let full = lab.run_flow(&FlowSpec::new("reno", 1, 20.0)).unwrap();
+    let ramped = full.ramped_up_at(bdp as u64).unwrap_or_else(|| {
+        panic!("one Reno flow with a BDP queue never reached a window of {bdp} in congestion avoidance")
+    });
+    let end = full.trace.last().map_or(0.0, |r| r.t);
+    assert!(
+        end - ramped >= 4.0,
+        "one Reno flow reached a BDP window only at {ramped:.1} s of {end:.1} s"
+    );
     let (u_tiny, u_full) = (
         tiny.goodput_after(3.0) / ceiling,
-        full.goodput_after(3.0) / ceiling,
+        full.goodput_after(ramped) / ceiling,
     );
-    eprintln!("reno ×1: 16 packets {u_tiny:.3}, 1 BDP {u_full:.3}, {drops} drops");
+    eprintln!(
+        "reno ×1: 16 packets {u_tiny:.3}, 1 BDP {u_full:.3} (from {ramped:.1} s), {drops} drops"
+    );
     assert!(
         u_tiny < u_full - 0.1,
         "16 packets gave {u_tiny:.3}, a BDP queue {u_full:.3}: expected clearly lower"

@@ -177,6 +177,19 @@ impl RunningFlow {
 }
 
 impl FlowResult {
+    /// When the flow first ran in congestion avoidance with a window of at least `window`
+    /// segments: the earliest sample of any channel in the Open state, out of slow start
+    /// (cwnd ≥ ssthresh) with cwnd ≥ `window`. A loss-based flow reaches the steady state its
+    /// queue allows only from there; slow start's overshoot and a timeout after it can hold
+    /// a Reno flow below the BDP for many seconds at one segment per RTT, which is the
+    /// congestion control's ramp, not a property of the path.
+    pub fn ramped_up_at(&self, window: u64) -> Option<f64> {
+        self.trace
+            .iter()
+            .find(|r| r.ca_state == 0 && r.ssthresh > 0 && r.cwnd >= r.ssthresh && r.cwnd >= window)
+            .map(|r| r.t)
+    }
+
     /// Delivered goodput after `warmup` seconds of the trace, bits/s: per channel, the bytes
     /// acknowledged between its first sample at or after `warmup` and its last, over the
     /// longest such span (the summary's goodput when the trace is too short). Sample times
@@ -323,6 +336,35 @@ mod tests {
         assert_eq!(rows[1].channel, 1);
         assert_eq!(rows[1].ca_state, 3);
         assert_eq!(rows[1].bytes_acked, 14481);
+    }
+
+    #[test]
+    fn ramp_up_is_the_first_open_sample_past_slow_start_with_the_window() {
+        let row = |t: f64, cwnd: u64, ssthresh: u64, ca_state: u8| TraceRow {
+            t,
+            channel: 0,
+            cwnd,
+            ssthresh,
+            rtt_us: 0,
+            ca_state,
+            total_retrans: 0,
+            bytes_acked: 0,
+        };
+        let r = FlowResult {
+            spec: FlowSpec::new("reno", 1, 4.0),
+            summary: serde_json::json!({}),
+            trace: vec![
+                // Slow start past the window, recovery, then congestion avoidance below it.
+                row(0.1, 600, u32::MAX as u64, 0),
+                row(0.2, 700, 350, 3),
+                row(0.3, 300, 150, 0),
+                row(0.4, 499, 150, 0),
+                row(0.5, 500, 150, 0),
+                row(0.6, 520, 150, 0),
+            ],
+        };
+        assert_eq!(r.ramped_up_at(500), Some(0.5));
+        assert_eq!(r.ramped_up_at(600), None);
     }
 
     #[test]
