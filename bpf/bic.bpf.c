@@ -74,7 +74,10 @@ static __always_inline void bic_update(struct bic_ca *ca, u32 cwnd, u32 now)
 SEC("struct_ops")
 void BPF_PROG(bic_init, struct sock *sk)
 {
-	bic_reset(inet_csk_ca(sk));
+	struct bic_ca *ca = inet_csk_ca(sk);
+
+	bic_reset(ca);
+	hsx_guard_init(sk, &ca->guard);
 	hsx_count_init();
 }
 
@@ -89,15 +92,16 @@ void BPF_PROG(bic_in_ack_event, struct sock *sk, u32 flags)
 {
 	struct bic_ca *ca = inet_csk_ca(sk);
 
-	hsx_guard_ack(sk, &ca->guard, hsx_stats());
+	hsx_guard(sk, &ca->guard);
 }
 
-SEC("struct_ops")
-void BPF_PROG(bic_cong_avoid, struct sock *sk, u32 ack, u32 acked)
+/* Growth, called from cong_control (HSX_CONG_CONTROL) on in-order delivery. */
+static __always_inline void bic_cong_avoid(struct sock *sk, u32 ack, u32 acked)
 {
 	struct bic_ca *ca = inet_csk_ca(sk);
 	struct tcp_sock *tp = tcp_sk(sk);
 
+	hsx_guard(sk, &ca->guard);
 	if (!tcp_is_cwnd_limited(sk))
 		return;
 	if (tcp_in_slow_start(tp)) {
@@ -113,8 +117,10 @@ SEC("struct_ops")
 u32 BPF_PROG(bic_ssthresh, struct sock *sk)
 {
 	struct bic_ca *ca = inet_csk_ca(sk);
-	u32 cwnd = tcp_sk(sk)->snd_cwnd;
-	u32 s;
+	u32 cwnd, s;
+
+	hsx_guard(sk, &ca->guard);
+	cwnd = tcp_sk(sk)->snd_cwnd;
 
 	/* w_max, with fast convergence: below the last maximum, give up some of it. */
 	if (cwnd < ca->last_max_cwnd)
@@ -131,24 +137,35 @@ u32 BPF_PROG(bic_ssthresh, struct sock *sk)
 SEC("struct_ops")
 void BPF_PROG(bic_set_state, struct sock *sk, u8 new_state)
 {
+	struct bic_ca *ca = inet_csk_ca(sk);
+
+	hsx_guard(sk, &ca->guard);
+	hsx_end_reduction(sk, new_state);
 	/* After a timeout, start the search afresh (as the kernel does). */
 	if (new_state == TCP_CA_Loss)
-		bic_reset(inet_csk_ca(sk));
+		bic_reset(ca);
 }
 
 SEC("struct_ops")
 u32 BPF_PROG(bic_undo_cwnd, struct sock *sk)
 {
-	return tcp_reno_undo_cwnd(sk);
+	struct bic_ca *ca = inet_csk_ca(sk);
+
+	return hsx_undo_ret(&ca->guard, tcp_reno_undo_cwnd(sk));
 }
+
+HSX_GUARD_EVENT_HOOK(bic, struct bic_ca)
+
+HSX_CONG_CONTROL(bic, struct bic_ca)
 
 SEC(".struct_ops.link")
 struct tcp_congestion_ops bic = {
 	.init = (void *)bic_init,
 	.release = (void *)bic_release,
 	.ssthresh = (void *)bic_ssthresh,
-	.cong_avoid = (void *)bic_cong_avoid,
+	.cong_control = (void *)bic_cong_control,
 	.in_ack_event = (void *)bic_in_ack_event,
+	.cwnd_event = (void *)bic_cwnd_event,
 	.set_state = (void *)bic_set_state,
 	.undo_cwnd = (void *)bic_undo_cwnd,
 	.flags = TCP_CONG_NON_RESTRICTED,

@@ -171,6 +171,7 @@ void BPF_PROG(dmctcp_init, struct sock *sk)
 {
 	struct dmc_ca *ca = inet_csk_ca(sk);
 
+	hsx_guard_init(sk, &ca->guard);
 	hsx_count_init();
 	dmc_join(sk, ca);
 	/*
@@ -215,7 +216,7 @@ void BPF_PROG(dmctcp_in_ack_event, struct sock *sk, u32 flags)
 	struct dmc_ca *ca = inet_csk_ca(sk);
 	struct dmc_group *g;
 
-	hsx_guard_ack(sk, &ca->guard, hsx_stats());
+	hsx_guard(sk, &ca->guard);
 	if (!ca->joined)
 		dmc_join(sk, ca);
 	g = dmc_group(ca);
@@ -229,14 +230,16 @@ u32 BPF_PROG(dmctcp_ssthresh, struct sock *sk)
 {
 	struct dmc_ca *ca = inet_csk_ca(sk);
 	struct tcp_sock *tp = tcp_sk(sk);
-	u32 cwnd = tp->snd_cwnd;
-	u32 cut = max_u32(cwnd >> 1, 2);
+	u32 cwnd, cut;
 	u64 now = now_us();
 	u64 rtt = tp->srtt_us >> 3;
 	struct dmc_group *g = dmc_group(ca);
 	struct dmc_view v;
 	bool halve = false;
 
+	hsx_guard(sk, &ca->guard);
+	cwnd = tp->snd_cwnd;
+	cut = max_u32(cwnd >> 1, 2);
 	if (!g) {
 		halve = now - ca->last_cut_us > rtt;
 		if (halve)
@@ -258,8 +261,8 @@ u32 BPF_PROG(dmctcp_ssthresh, struct sock *sk)
 	return hsx_ssthresh_ret(&ca->guard, halve ? cut : max_u32(cwnd, 2));
 }
 
-SEC("struct_ops")
-void BPF_PROG(dmctcp_cong_avoid, struct sock *sk, u32 ack, u32 acked)
+/* Growth, called from cong_control (HSX_CONG_CONTROL) on in-order delivery. */
+static __always_inline void dmctcp_cong_avoid(struct sock *sk, u32 ack, u32 acked)
 {
 	struct dmc_ca *ca = inet_csk_ca(sk);
 	struct tcp_sock *tp = tcp_sk(sk);
@@ -267,13 +270,14 @@ void BPF_PROG(dmctcp_cong_avoid, struct sock *sk, u32 ack, u32 acked)
 	struct dmc_view v;
 	u32 w;
 
+	hsx_guard(sk, &ca->guard);
 	if (!tcp_is_cwnd_limited(sk))
 		return;
 	if (g && tp->snd_ssthresh == TCP_INFINITE_SSTHRESH) {
 		u32 first = g->first_ssthresh;
 
 		if (first) {
-			tp->snd_ssthresh = first;
+			tp->snd_ssthresh = hsx_ssthresh_ret(&ca->guard, first);
 			__sync_fetch_and_add(&g->ss_adopted, 1);
 		}
 	}
@@ -297,16 +301,25 @@ publish:
 SEC("struct_ops")
 u32 BPF_PROG(dmctcp_undo_cwnd, struct sock *sk)
 {
-	return tcp_reno_undo_cwnd(sk);
+	struct dmc_ca *ca = inet_csk_ca(sk);
+
+	return hsx_undo_ret(&ca->guard, tcp_reno_undo_cwnd(sk));
 }
+
+HSX_GUARD_EVENT_HOOK(dmctcp, struct dmc_ca)
+HSX_GUARD_STATE_HOOK(dmctcp, struct dmc_ca)
+
+HSX_CONG_CONTROL(dmctcp, struct dmc_ca)
 
 SEC(".struct_ops.link")
 struct tcp_congestion_ops dmctcp = {
 	.init = (void *)dmctcp_init,
 	.release = (void *)dmctcp_release,
 	.ssthresh = (void *)dmctcp_ssthresh,
-	.cong_avoid = (void *)dmctcp_cong_avoid,
+	.cong_control = (void *)dmctcp_cong_control,
 	.in_ack_event = (void *)dmctcp_in_ack_event,
+	.cwnd_event = (void *)dmctcp_cwnd_event,
+	.set_state = (void *)dmctcp_set_state,
 	.undo_cwnd = (void *)dmctcp_undo_cwnd,
 	.flags = TCP_CONG_NON_RESTRICTED,
 	.name = "dmctcp",

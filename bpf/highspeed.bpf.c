@@ -47,6 +47,9 @@ static __always_inline u32 hstcp_row(u32 cwnd)
 SEC("struct_ops")
 void BPF_PROG(highspeed_init, struct sock *sk)
 {
+	struct hstcp_ca *ca = inet_csk_ca(sk);
+
+	hsx_guard_init(sk, &ca->guard);
 	hsx_count_init();
 }
 
@@ -61,13 +64,16 @@ void BPF_PROG(highspeed_in_ack_event, struct sock *sk, u32 flags)
 {
 	struct hstcp_ca *ca = inet_csk_ca(sk);
 
-	hsx_guard_ack(sk, &ca->guard, hsx_stats());
+	hsx_guard(sk, &ca->guard);
 }
 
-SEC("struct_ops")
-void BPF_PROG(highspeed_cong_avoid, struct sock *sk, u32 ack, u32 acked)
+/* Growth, called from cong_control (HSX_CONG_CONTROL) on in-order delivery. */
+static __always_inline void highspeed_cong_avoid(struct sock *sk, u32 ack, u32 acked)
 {
+	struct hstcp_ca *ca = inet_csk_ca(sk);
 	struct tcp_sock *tp = tcp_sk(sk);
+
+	hsx_guard(sk, &ca->guard);
 
 	if (!tcp_is_cwnd_limited(sk))
 		return;
@@ -85,8 +91,11 @@ SEC("struct_ops")
 u32 BPF_PROG(highspeed_ssthresh, struct sock *sk)
 {
 	struct hstcp_ca *ca = inet_csk_ca(sk);
-	u32 cwnd = tcp_sk(sk)->snd_cwnd;
-	u32 md = hstcp_table[hstcp_row(cwnd)].md;
+	u32 cwnd, md;
+
+	hsx_guard(sk, &ca->guard);
+	cwnd = tcp_sk(sk)->snd_cwnd;
+	md = hstcp_table[hstcp_row(cwnd)].md;
 
 	/* cwnd - b(w) * cwnd */
 	return hsx_ssthresh_ret(&ca->guard, max_u32(cwnd - ((cwnd * md) >> 8), 2));
@@ -95,16 +104,25 @@ u32 BPF_PROG(highspeed_ssthresh, struct sock *sk)
 SEC("struct_ops")
 u32 BPF_PROG(highspeed_undo_cwnd, struct sock *sk)
 {
-	return tcp_reno_undo_cwnd(sk);
+	struct hstcp_ca *ca = inet_csk_ca(sk);
+
+	return hsx_undo_ret(&ca->guard, tcp_reno_undo_cwnd(sk));
 }
+
+HSX_GUARD_EVENT_HOOK(highspeed, struct hstcp_ca)
+HSX_GUARD_STATE_HOOK(highspeed, struct hstcp_ca)
+
+HSX_CONG_CONTROL(highspeed, struct hstcp_ca)
 
 SEC(".struct_ops.link")
 struct tcp_congestion_ops highspeed = {
 	.init = (void *)highspeed_init,
 	.release = (void *)highspeed_release,
 	.ssthresh = (void *)highspeed_ssthresh,
-	.cong_avoid = (void *)highspeed_cong_avoid,
+	.cong_control = (void *)highspeed_cong_control,
 	.in_ack_event = (void *)highspeed_in_ack_event,
+	.cwnd_event = (void *)highspeed_cwnd_event,
+	.set_state = (void *)highspeed_set_state,
 	.undo_cwnd = (void *)highspeed_undo_cwnd,
 	.flags = TCP_CONG_NON_RESTRICTED,
 	.name = "highspeed",

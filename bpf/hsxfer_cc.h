@@ -19,6 +19,7 @@ typedef __u16 u16;
 typedef __u32 u32;
 typedef __s32 s32;
 typedef __u64 u64;
+typedef __s64 s64;
 typedef _Bool bool;
 #define true 1
 #define false 0
@@ -42,6 +43,8 @@ struct sock_common {
 struct sock {
 	struct sock_common __sk_common;
 	u32 sk_pacing_status;
+	unsigned long sk_pacing_rate;
+	unsigned long sk_max_pacing_rate;
 } __attribute__((preserve_access_index));
 
 #define SK_PACING_NEEDED 1
@@ -53,6 +56,7 @@ struct inet_sock {
 struct inet_connection_sock {
 	struct inet_sock icsk_inet;
 	void *icsk_ulp_data;
+	u8 icsk_ca_state : 5;
 	u64 icsk_ca_priv[13];
 } __attribute__((preserve_access_index));
 
@@ -65,6 +69,15 @@ struct tcp_sock {
 	u32 srtt_us;
 	u32 prior_cwnd;
 	u32 max_packets_out;
+	u32 mss_cache;
+	u32 packets_out;
+	u32 sacked_out;
+	u32 lost_out;
+	u32 retrans_out;
+	u32 prr_out;
+	u32 high_seq;
+	u32 undo_marker;
+	u32 reordering;
 	u64 tcp_mstamp;
 	u8 is_cwnd_limited : 1;
 	bool is_mptcp;
@@ -80,7 +93,10 @@ struct ack_sample {
 	u32 in_flight;
 } __attribute__((preserve_access_index));
 
-struct rate_sample;
+struct rate_sample {
+	int losses;
+	u32 acked_sacked;
+} __attribute__((preserve_access_index));
 
 struct tcp_congestion_ops {
 	u32 (*ssthresh)(struct sock *sk);
@@ -90,6 +106,7 @@ struct tcp_congestion_ops {
 	void (*in_ack_event)(struct sock *sk, u32 flags);
 	void (*pkts_acked)(struct sock *sk, const struct ack_sample *sample);
 	u32 (*undo_cwnd)(struct sock *sk);
+	void (*cong_control)(struct sock *sk, u32 ack, int flag, const struct rate_sample *rs);
 	char name[16];
 	u32 flags;
 	void (*init)(struct sock *sk);
@@ -148,6 +165,8 @@ struct hsx_stats {
 	u64 released;          /* sockets that stopped using it */
 	u64 ssthresh_repairs;  /* garbage ssthresh values replaced */
 	u64 cwnd_repairs;      /* absurd cwnd jumps clamped */
+	u64 skipped_ssthresh;  /* of those, written while our ssthresh program provably did not run */
+	u64 last_garbage;      /* the last garbage ssthresh replaced */
 };
 
 #define HSX_STATS_MAP(cc)                                                              \
@@ -168,50 +187,248 @@ struct hsx_stats {
  * it (icsk_ca_priv is zeroed by the kernel before init).
  */
 struct hsx_guard {
-	u32 max_cwnd;       /* the largest sane cwnd this socket has had */
-	u32 last_ssthresh;  /* what our ssthresh hook last returned */
+	u32 max_cwnd;       /* the largest cwnd the guard has accepted */
+	u32 last_ssthresh;  /* what this program last set ssthresh to */
+	u32 ss_calls;       /* calls of our ssthresh program */
+	u32 ss_seen;        /* ss_calls when the guard last ran */
+	u32 prr_delivered;  /* segments delivered since the reduction began (PRR) */
+	u32 prr_high_seq;   /* high_seq of the reduction prr_delivered counts for */
 };
 
 /*
- * The guard, run on every ACK before the kernel's loss recovery looks at ssthresh. On this
- * kernel a BPF congestion control occasionally finds snd_ssthresh set to a garbage value
- * (0x822034e5) on entering recovery; the kernel would then set cwnd near 10^8 when recovery
- * ends. Replace an ssthresh no window of this socket could have produced, clamp a cwnd that
- * more than doubled since the last ACK beyond anything seen, and count both.
+ * The largest cwnd a socket can reach between two of its hooks: slow start at most doubles
+ * it per ACK (a stretch ACK acknowledges less than a window), undo restores an earlier one.
+ * Only windows the guard accepted count, never kernel fields such as prior_cwnd, which the
+ * kernel copies from cwnd and so would carry a garbage window into the bound.
  */
-static __always_inline void hsx_guard_ack(struct sock *sk, struct hsx_guard *g,
-					  struct hsx_stats *st)
+static __always_inline u32 hsx_guard_bound(const struct hsx_guard *g)
+{
+	return 2 * max_u32(g->max_cwnd, 16) + 128;
+}
+
+/*
+ * The guard against the garbage-ssthresh hazard (DESIGN.md §3, docs/cc.md "The guard"). On
+ * this kernel a call into one of our programs now and then returns without running it: the
+ * per-socket count of ssthresh calls (ss_calls) does not move, and the kernel stores the
+ * stale stack word the trampoline returns (0x81104110 here: the low half of the SRSO return
+ * thunk's address, always >= 2^31). The set_state call right after can be skipped too. The
+ * kernel's own PRR (tcp_cwnd_reduction) would turn that ssthresh into cwnd = ssthresh ×
+ * delivered / prior_cwnd (67 M segments measured) in the same ACK, before any hook of ours
+ * could run. So every program here has a cong_control hook (HSX_CONG_CONTROL): the kernel
+ * then never computes a window from ssthresh (no PRR, no cwnd = ssthresh at the end of a
+ * reduction); cwnd changes only in our code, after this check, or in kernel paths that
+ * lower it (timeout, idle restart), or to what undo_cwnd returns. A skipped cong_control
+ * leaves cwnd unchanged. Every hook runs this check and both repairs are counted.
+ */
+static __always_inline void hsx_guard(struct sock *sk, struct hsx_guard *g)
 {
 	struct tcp_sock *tp = tcp_sk(sk);
+	struct hsx_stats *st = hsx_stats();
+	u32 bound = hsx_guard_bound(g);
 	u32 cwnd = tp->snd_cwnd;
 	u32 ssthresh = tp->snd_ssthresh;
-	u32 sane = max_u32(max_u32(g->max_cwnd, tp->prior_cwnd), 16);
 
-	if (ssthresh != TCP_INFINITE_SSTHRESH && ssthresh > 2 * sane + 16) {
-		u32 fix = g->last_ssthresh;
-
-		if (fix < 2 || fix > 2 * sane)
-			fix = max_u32(cwnd >> 1, 2);
-		tp->snd_ssthresh = fix;
-		if (st)
-			__sync_fetch_and_add(&st->ssthresh_repairs, 1);
-	}
-	if (cwnd > 2 * sane + 128) {
+	if (cwnd > bound) {
 		cwnd = max_u32(g->max_cwnd, 2);
 		tp->snd_cwnd = cwnd;
 		if (st)
 			__sync_fetch_and_add(&st->cwnd_repairs, 1);
 	}
+	if (ssthresh != TCP_INFINITE_SSTHRESH && ssthresh != g->last_ssthresh && ssthresh > bound) {
+		u32 fix = g->last_ssthresh;
+
+		if (st) {
+			if (g->ss_calls == g->ss_seen)
+				__sync_fetch_and_add(&st->skipped_ssthresh, 1);
+			st->last_garbage = ssthresh;
+		}
+		if (fix < 2 || fix > bound)
+			fix = max_u32(cwnd >> 1, 2);
+		tp->snd_ssthresh = fix;
+		g->last_ssthresh = fix;
+		if (st)
+			__sync_fetch_and_add(&st->ssthresh_repairs, 1);
+	}
 	if (cwnd > g->max_cwnd)
 		g->max_cwnd = cwnd;
+	g->ss_seen = g->ss_calls;
 }
 
-/* Records what an ssthresh hook returns, so the guard can restore it. */
+/*
+ * Starts the guard on a new socket: an ssthresh already set (from the route's metrics or
+ * the kernel's cache of earlier connections) is legitimate, however large.
+ */
+static __always_inline void hsx_guard_init(struct sock *sk, struct hsx_guard *g)
+{
+	u32 ssthresh = tcp_sk(sk)->snd_ssthresh;
+
+	if (ssthresh != TCP_INFINITE_SSTHRESH)
+		g->last_ssthresh = ssthresh;
+	hsx_guard(sk, g);
+}
+
+/* Records what an ssthresh hook returns (or a program sets), so the guard can restore it. */
 static __always_inline u32 hsx_ssthresh_ret(struct hsx_guard *g, u32 ssthresh)
 {
 	g->last_ssthresh = ssthresh;
+	g->ss_calls++;
 	return ssthresh;
 }
+
+/* Bounds what an undo_cwnd hook returns: the kernel sets cwnd to it without another hook. */
+static __always_inline u32 hsx_undo_ret(struct hsx_guard *g, u32 cwnd)
+{
+	u32 bound = hsx_guard_bound(g);
+	struct hsx_stats *st;
+
+	if (cwnd <= bound)
+		return cwnd;
+	st = hsx_stats();
+	if (st)
+		__sync_fetch_and_add(&st->cwnd_repairs, 1);
+	return max_u32(g->max_cwnd, 2);
+}
+
+/*
+ * The guard's own hooks for a congestion control whose private state type is `ca_type`:
+ * cwnd_event (right after the kernel ends a reduction with cwnd = ssthresh, and after a
+ * timeout's ssthresh) and, unless the program has a set_state of its own that calls
+ * hsx_guard, set_state (right after every ssthresh the kernel takes on entering CWR,
+ * recovery or loss).
+ */
+#define HSX_GUARD_EVENT_HOOK(cc, ca_type)                                               \
+	SEC("struct_ops")                                                              \
+	void BPF_PROG(cc##_cwnd_event, struct sock *sk, int ev)                        \
+	{                                                                              \
+		hsx_guard(sk, &((ca_type *)inet_csk_ca(sk))->guard);                   \
+	}
+
+#define HSX_GUARD_STATE_HOOK(cc, ca_type)                                               \
+	SEC("struct_ops")                                                              \
+	void BPF_PROG(cc##_set_state, struct sock *sk, u8 new_state)                   \
+	{                                                                              \
+		hsx_guard(sk, &((ca_type *)inet_csk_ca(sk))->guard);                   \
+		hsx_end_reduction(sk, new_state);                                      \
+	}
+
+/* The kernel's tcp_packets_in_flight(). */
+static __always_inline u32 hsx_in_flight(const struct tcp_sock *tp)
+{
+	return tp->packets_out - (tp->sacked_out + tp->lost_out) + tp->retrans_out;
+}
+
+static __always_inline u8 hsx_ca_state(struct sock *sk)
+{
+	return BPF_CORE_READ_BITFIELD_PROBED((struct inet_connection_sock *)sk, icsk_ca_state);
+}
+
+/* The kernel's ACK flags that cong_control receives (net/ipv4/tcp_input.c). */
+#define HSX_FLAG_DATA_ACKED 0x04
+#define HSX_FLAG_SND_UNA_ADVANCED 0x400
+/* net.ipv4.tcp_reordering's default, and tcp_pacing_ss_ratio / tcp_pacing_ca_ratio's. */
+#define HSX_REORDERING 3
+#define HSX_PACING_SS_RATIO 200
+#define HSX_PACING_CA_RATIO 120
+
+/*
+ * Proportional Rate Reduction (RFC 6937) as the kernel's tcp_cwnd_reduction(), but from the
+ * guarded ssthresh and with our own count of delivered segments: a new reduction is known by
+ * the kernel moving high_seq (tcp_init_cwnd_reduction), so a skipped set_state cannot leave
+ * a stale count behind.
+ */
+static __always_inline void hsx_prr(struct sock *sk, struct hsx_guard *g, u32 newly_acked,
+				    bool una_advanced_no_loss)
+{
+	struct tcp_sock *tp = tcp_sk(sk);
+	u32 in_flight = hsx_in_flight(tp);
+	u32 ssthresh = tp->snd_ssthresh;
+	u32 prior_cwnd = tp->prior_cwnd;
+	s64 sndcnt;
+
+	if (g->prr_high_seq != tp->high_seq) {
+		g->prr_high_seq = tp->high_seq;
+		g->prr_delivered = 0;
+	}
+	if (!newly_acked || !prior_cwnd)
+		return;
+	g->prr_delivered += newly_acked;
+	if (ssthresh < in_flight) {
+		u64 dividend = (u64)ssthresh * g->prr_delivered + prior_cwnd - 1;
+
+		sndcnt = (s64)(dividend / prior_cwnd) - tp->prr_out;
+	} else {
+		sndcnt = (s64)g->prr_delivered - tp->prr_out;
+		if (sndcnt < newly_acked)
+			sndcnt = newly_acked;
+		if (una_advanced_no_loss)
+			sndcnt++;
+		if (sndcnt > ssthresh - in_flight)
+			sndcnt = ssthresh - in_flight;
+	}
+	if (sndcnt < (tp->prr_out ? 0 : 1))
+		sndcnt = tp->prr_out ? 0 : 1;
+	tp->snd_cwnd = in_flight + (u32)sndcnt;
+}
+
+/*
+ * The kernel's tcp_update_pacing_rate() (it does not run for a congestion control with
+ * cong_control): 200 % of cwnd/srtt in slow start, 120 % after, never above the socket's
+ * SO_MAX_PACING_RATE. Only used when pacing is on (SK_PACING_NEEDED, or an fq qdisc).
+ */
+static __always_inline void hsx_update_pacing_rate(struct sock *sk)
+{
+	struct tcp_sock *tp = tcp_sk(sk);
+	u32 cwnd = tp->snd_cwnd;
+	u64 rate = (u64)tp->mss_cache * ((1000000 / 100) << 3);
+
+	rate *= cwnd < tp->snd_ssthresh / 2 ? HSX_PACING_SS_RATIO : HSX_PACING_CA_RATIO;
+	rate *= max_u32(cwnd, tp->packets_out);
+	if (tp->srtt_us)
+		rate /= tp->srtt_us;
+	if (rate > sk->sk_max_pacing_rate)
+		rate = sk->sk_max_pacing_rate;
+	sk->sk_pacing_rate = rate;
+}
+
+/*
+ * What the kernel's tcp_end_cwnd_reduction() does, which it skips for a congestion control
+ * with cong_control: leaving CWR or Recovery (not by undo) sets cwnd to the guarded ssthresh.
+ */
+static __always_inline void hsx_end_reduction(struct sock *sk, u8 new_state)
+{
+	struct tcp_sock *tp = tcp_sk(sk);
+	u8 old = hsx_ca_state(sk);
+
+	if ((old == TCP_CA_CWR || old == TCP_CA_Recovery) && new_state <= TCP_CA_Disorder &&
+	    tp->snd_ssthresh < TCP_INFINITE_SSTHRESH && (old == TCP_CA_CWR || tp->undo_marker))
+		tp->snd_cwnd = tp->snd_ssthresh;
+}
+
+/*
+ * cong_control for a congestion control `cc` whose private state type is `ca_type` and whose
+ * growth rule is `static void cc_cong_avoid(struct sock *sk, u32 ack, u32 acked)`: what the
+ * kernel's tcp_cong_control() does (PRR while reducing, growth on in-order delivery, the
+ * pacing rate), with the guard first.
+ */
+#define HSX_CONG_CONTROL(cc, ca_type)                                                   \
+	SEC("struct_ops")                                                              \
+	void BPF_PROG(cc##_cong_control, struct sock *sk, u32 ack, int flag,           \
+		      const struct rate_sample *rs)                                    \
+	{                                                                              \
+		struct hsx_guard *g = &((ca_type *)inet_csk_ca(sk))->guard;             \
+		u32 acked = rs->acked_sacked;                                          \
+		u8 state;                                                              \
+                                                                                       \
+		hsx_guard(sk, g);                                                      \
+		state = hsx_ca_state(sk);                                              \
+		if (state == TCP_CA_CWR || state == TCP_CA_Recovery)                   \
+			hsx_prr(sk, g, acked,                                          \
+				(flag & HSX_FLAG_SND_UNA_ADVANCED) && !rs->losses);    \
+		else if (tcp_sk(sk)->reordering > HSX_REORDERING ?                     \
+				 acked : (flag & HSX_FLAG_DATA_ACKED))                 \
+			cc##_cong_avoid(sk, ack, acked);                               \
+		hsx_update_pacing_rate(sk);                                            \
+	}
 
 static __always_inline void hsx_count_init(void)
 {

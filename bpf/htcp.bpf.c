@@ -172,6 +172,7 @@ u32 BPF_PROG(htcp_ssthresh, struct sock *sk)
 	u32 max_rtt = ca->max_rtt;
 	u32 now = now_ms(sk);
 
+	hsx_guard(sk, &ca->guard);
 	htcp_beta_update(ca, min_rtt, max_rtt);
 	htcp_alpha_update(ca, now);
 	/* A slowly fading memory of max RTT, for route changes. */
@@ -180,12 +181,13 @@ u32 BPF_PROG(htcp_ssthresh, struct sock *sk)
 	return hsx_ssthresh_ret(&ca->guard, max_u32((tcp_sk(sk)->snd_cwnd * ca->beta) >> 7, 2));
 }
 
-SEC("struct_ops")
-void BPF_PROG(htcp_cong_avoid, struct sock *sk, u32 ack, u32 acked)
+/* Growth, called from cong_control (HSX_CONG_CONTROL) on in-order delivery. */
+static __always_inline void htcp_cong_avoid(struct sock *sk, u32 ack, u32 acked)
 {
 	struct htcp_ca *ca = inet_csk_ca(sk);
 	struct tcp_sock *tp = tcp_sk(sk);
 
+	hsx_guard(sk, &ca->guard);
 	if (!tcp_is_cwnd_limited(sk))
 		return;
 	if (tcp_in_slow_start(tp)) {
@@ -210,6 +212,8 @@ void BPF_PROG(htcp_set_state, struct sock *sk, u8 new_state)
 	struct htcp_ca *ca = inet_csk_ca(sk);
 	u32 now = now_ms(sk);
 
+	hsx_guard(sk, &ca->guard);
+	hsx_end_reduction(sk, new_state);
 	switch (new_state) {
 	case TCP_CA_Open:
 		if (ca->undo_last_cong) {
@@ -237,7 +241,7 @@ u32 BPF_PROG(htcp_undo_cwnd, struct sock *sk)
 		ca->old_max_b = ca->undo_old_max_b;
 		ca->undo_last_cong = 0;
 	}
-	return tcp_reno_undo_cwnd(sk);
+	return hsx_undo_ret(&ca->guard, tcp_reno_undo_cwnd(sk));
 }
 
 SEC("struct_ops")
@@ -249,6 +253,7 @@ void BPF_PROG(htcp_init, struct sock *sk)
 	ca->beta = BETA_MIN;
 	ca->pkts_acked = 1;
 	ca->last_cong = now_ms(sk);
+	hsx_guard_init(sk, &ca->guard);
 	hsx_count_init();
 }
 
@@ -263,18 +268,23 @@ void BPF_PROG(htcp_in_ack_event, struct sock *sk, u32 flags)
 {
 	struct htcp_ca *ca = inet_csk_ca(sk);
 
-	hsx_guard_ack(sk, &ca->guard, hsx_stats());
+	hsx_guard(sk, &ca->guard);
 }
+
+HSX_GUARD_EVENT_HOOK(htcp, struct htcp_ca)
+
+HSX_CONG_CONTROL(htcp, struct htcp_ca)
 
 SEC(".struct_ops.link")
 struct tcp_congestion_ops htcp = {
 	.init = (void *)htcp_init,
 	.release = (void *)htcp_release,
 	.ssthresh = (void *)htcp_ssthresh,
-	.cong_avoid = (void *)htcp_cong_avoid,
+	.cong_control = (void *)htcp_cong_control,
 	.set_state = (void *)htcp_set_state,
 	.pkts_acked = (void *)htcp_pkts_acked,
 	.in_ack_event = (void *)htcp_in_ack_event,
+	.cwnd_event = (void *)htcp_cwnd_event,
 	.undo_cwnd = (void *)htcp_undo_cwnd,
 	.flags = TCP_CONG_NON_RESTRICTED,
 	.name = "htcp",

@@ -22,6 +22,9 @@ struct scalable_ca {
 SEC("struct_ops")
 void BPF_PROG(scalable_init, struct sock *sk)
 {
+	struct scalable_ca *ca = inet_csk_ca(sk);
+
+	hsx_guard_init(sk, &ca->guard);
 	hsx_count_init();
 }
 
@@ -36,13 +39,16 @@ void BPF_PROG(scalable_in_ack_event, struct sock *sk, u32 flags)
 {
 	struct scalable_ca *ca = inet_csk_ca(sk);
 
-	hsx_guard_ack(sk, &ca->guard, hsx_stats());
+	hsx_guard(sk, &ca->guard);
 }
 
-SEC("struct_ops")
-void BPF_PROG(scalable_cong_avoid, struct sock *sk, u32 ack, u32 acked)
+/* Growth, called from cong_control (HSX_CONG_CONTROL) on in-order delivery. */
+static __always_inline void scalable_cong_avoid(struct sock *sk, u32 ack, u32 acked)
 {
+	struct scalable_ca *ca = inet_csk_ca(sk);
 	struct tcp_sock *tp = tcp_sk(sk);
+
+	hsx_guard(sk, &ca->guard);
 
 	if (!tcp_is_cwnd_limited(sk))
 		return;
@@ -61,8 +67,10 @@ SEC("struct_ops")
 u32 BPF_PROG(scalable_ssthresh, struct sock *sk)
 {
 	struct scalable_ca *ca = inet_csk_ca(sk);
-	u32 cwnd = tcp_sk(sk)->snd_cwnd;
-	u32 s;
+	u32 cwnd, s;
+
+	hsx_guard(sk, &ca->guard);
+	cwnd = tcp_sk(sk)->snd_cwnd;
 
 	if (cwnd < SCALABLE_LOW_WINDOW)
 		s = max_u32(cwnd >> 1, 2);
@@ -74,16 +82,25 @@ u32 BPF_PROG(scalable_ssthresh, struct sock *sk)
 SEC("struct_ops")
 u32 BPF_PROG(scalable_undo_cwnd, struct sock *sk)
 {
-	return tcp_reno_undo_cwnd(sk);
+	struct scalable_ca *ca = inet_csk_ca(sk);
+
+	return hsx_undo_ret(&ca->guard, tcp_reno_undo_cwnd(sk));
 }
+
+HSX_GUARD_EVENT_HOOK(scalable, struct scalable_ca)
+HSX_GUARD_STATE_HOOK(scalable, struct scalable_ca)
+
+HSX_CONG_CONTROL(scalable, struct scalable_ca)
 
 SEC(".struct_ops.link")
 struct tcp_congestion_ops scalable = {
 	.init = (void *)scalable_init,
 	.release = (void *)scalable_release,
 	.ssthresh = (void *)scalable_ssthresh,
-	.cong_avoid = (void *)scalable_cong_avoid,
+	.cong_control = (void *)scalable_cong_control,
 	.in_ack_event = (void *)scalable_in_ack_event,
+	.cwnd_event = (void *)scalable_cwnd_event,
+	.set_state = (void *)scalable_set_state,
 	.undo_cwnd = (void *)scalable_undo_cwnd,
 	.flags = TCP_CONG_NON_RESTRICTED,
 	.name = "scalable",
