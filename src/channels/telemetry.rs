@@ -55,6 +55,26 @@ pub struct TelemetryBatch {
     /// The DMCTCP group's counters so far, when the channels run dmctcp as one group.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dmctcp: Option<DmcCounters>,
+    /// What the window guard of the bundled congestion controls repaired on the sending host
+    /// during the transfer so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guard: Option<GuardCounters>,
+}
+
+/// Repairs by the window guard of hsxfer's BPF congestion controls (see `hsxfer cc list`):
+/// garbage ssthresh values replaced and absurd windows clamped, counted over every socket of
+/// the bundled congestion controls the channels ran, on the sending host, while the transfer
+/// ran.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuardCounters {
+    /// Garbage ssthresh values replaced.
+    pub ssthresh_repairs: u64,
+    /// Windows above the guard's bound clamped.
+    pub cwnd_repairs: u64,
+    /// Of the ssthresh repairs, those the kernel wrote while skipping the congestion
+    /// control's ssthresh program.
+    #[serde(default)]
+    pub skipped_ssthresh: u64,
 }
 
 /// What the DMCTCP group of a transfer did (read from the BPF program's group state).

@@ -337,6 +337,12 @@ fn human_summary(r: &TransferReport) {
             d.channels, d.cuts, d.losses_kept, d.slow_start_adopted
         );
     }
+    if let Some(g) = r.guard {
+        println!(
+            "  window guard: {} garbage ssthresh values replaced ({} from skipped kernel calls), {} windows clamped (bundled congestion controls, sending host)",
+            g.ssthresh_repairs, g.skipped_ssthresh, g.cwnd_repairs
+        );
+    }
 }
 
 /// Prints an error: an `error` event with `--json`, and always a line on stderr.

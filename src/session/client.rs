@@ -351,6 +351,9 @@ impl Client {
             if let Some(g) = &plan.dmc_group {
                 live.telemetry.set_group(g.clone());
             }
+            if let Some(b) = plan.guard_baseline() {
+                live.telemetry.set_guard_baseline(b);
+            }
             for (i, c) in channels.iter().enumerate() {
                 live.telemetry
                     .set_setup(read_setup(c, i, &plan.options[i], stagger[i])?);

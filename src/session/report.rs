@@ -6,7 +6,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::telemetry::{Telemetry, SAMPLE_PERIOD};
-use crate::channels::telemetry::DmcCounters;
+use crate::channels::telemetry::{DmcCounters, GuardCounters};
 use crate::metrics::{jain, loss_sync, SyncReport};
 
 /// Counters updated by the data channels while a transfer runs; a caller may poll them
@@ -179,6 +179,9 @@ pub struct TransferReport {
     /// What the DMCTCP group did (cuts, losses kept, channels), when the channels ran
     /// dmctcp as one group.
     pub dmctcp: Option<DmcCounters>,
+    /// Repairs by the bundled congestion controls' window guard on the sending host while
+    /// the transfer ran; None when no channel ran one whose counters could be read.
+    pub guard: Option<GuardCounters>,
 }
 
 impl TransferReport {
@@ -231,6 +234,7 @@ impl TransferReport {
                 .sum(),
             fairness_jain: jain(&goodputs),
             dmctcp: live.telemetry.dmctcp(),
+            guard: live.telemetry.guard(),
             loss_sync: loss_sync(&losses, per.len(), window),
             channels: per
                 .into_iter()

@@ -293,8 +293,13 @@ fn apply_plan(
     live: &LiveStats,
 ) -> Result<()> {
     let stagger = stagger_of(req);
-    if let (Some(g), Role::Send(_)) = (&plan.dmc_group, role) {
-        live.telemetry.set_group(g.clone());
+    if let Role::Send(_) = role {
+        if let Some(g) = &plan.dmc_group {
+            live.telemetry.set_group(g.clone());
+        }
+        if let Some(b) = plan.guard_baseline() {
+            live.telemetry.set_guard_baseline(b);
+        }
     }
     for (i, (c, opts)) in channels.iter().zip(&plan.options).enumerate() {
         c.set_nodelay(false).ok();

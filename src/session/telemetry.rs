@@ -8,10 +8,13 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::channels::telemetry::{ChannelSetup, DmcCounters, Sample, TelemetryBatch};
+use crate::channels::telemetry::{
+    ChannelSetup, DmcCounters, GuardCounters, Sample, TelemetryBatch,
+};
 use crate::metrics::{LossDetector, LossEvent};
 use crate::transport::tcp_info::tcp_info;
 use crate::tuning::bundled::group::DmcGroup;
+use crate::tuning::bundled::inspect::GuardBaseline;
 
 use super::report::LiveStats;
 
@@ -29,6 +32,8 @@ struct State {
     trace: Option<Vec<Sample>>,
     group: Option<Arc<DmcGroup>>,
     dmctcp: Option<DmcCounters>,
+    guard_baseline: Option<GuardBaseline>,
+    guard: Option<GuardCounters>,
 }
 
 /// Telemetry of one transfer; lives in [`LiveStats`].
@@ -84,6 +89,23 @@ impl Telemetry {
         self.lock().group = Some(group);
     }
 
+    /// On the sending side: the bundled congestion controls' guard counters as the channels
+    /// opened, so [`Telemetry::guard`] reports what the transfer added.
+    pub fn set_guard_baseline(&self, baseline: GuardBaseline) {
+        self.lock().guard_baseline = Some(baseline);
+    }
+
+    /// Repairs by the window guard during the transfer: read from the kernel on the sending
+    /// side, as last forwarded on the receiving side; None when no channel ran a bundled
+    /// congestion control whose counters this host could read.
+    pub fn guard(&self) -> Option<GuardCounters> {
+        let mut s = self.lock();
+        if let Some(c) = s.guard_baseline.as_ref().map(GuardBaseline::since) {
+            s.guard = Some(c);
+        }
+        s.guard
+    }
+
     /// The DMCTCP group's counters: read from the kernel on the sending side, as last
     /// forwarded on the receiving side; None when the channels did not run as a group.
     pub fn dmctcp(&self) -> Option<DmcCounters> {
@@ -124,6 +146,7 @@ impl Telemetry {
     /// samples since the previous batch.
     pub fn take_batch(&self, last: bool) -> TelemetryBatch {
         let dmctcp = self.dmctcp();
+        let guard = self.guard();
         let mut s = self.lock();
         let losses = s.losses[s.forwarded_losses..].to_vec();
         s.forwarded_losses = s.losses.len();
@@ -134,6 +157,7 @@ impl Telemetry {
             trace: s.trace.as_mut().map(std::mem::take).unwrap_or_default(),
             last,
             dmctcp,
+            guard,
         }
     }
 
@@ -151,6 +175,9 @@ impl Telemetry {
         s.losses.extend(batch.losses);
         if batch.dmctcp.is_some() {
             s.dmctcp = batch.dmctcp;
+        }
+        if batch.guard.is_some() {
+            s.guard = batch.guard;
         }
         if let Some(t) = s.trace.as_mut() {
             t.extend(batch.trace);

@@ -13,7 +13,7 @@ use crate::transport::buffers::granted;
 use crate::transport::cc::{self, CcCatalog};
 use crate::transport::SocketOptions;
 use crate::tuning::bdp::{self, Direction};
-use crate::tuning::bundled::{self, group::DmcGroup};
+use crate::tuning::bundled::{self, group::DmcGroup, inspect::GuardBaseline};
 use crate::tuning::registry;
 use crate::tuning::sysctl::BufferLimits;
 
@@ -35,6 +35,19 @@ pub struct LocalPlan {
     pub notes: Vec<String>,
     /// The DMCTCP group of this transfer's dmctcp channels (sending side, when reachable).
     pub dmc_group: Option<Arc<DmcGroup>>,
+}
+
+impl LocalPlan {
+    /// The guard counters of the bundled congestion controls the sending channels run, read
+    /// now (root only; None otherwise or when they run none).
+    pub fn guard_baseline(&self) -> Option<GuardBaseline> {
+        GuardBaseline::read(
+            self.options
+                .iter()
+                .filter_map(|o| o.congestion.as_deref())
+                .filter(|name| bundled::BUNDLED.iter().any(|b| b.name == *name)),
+        )
+    }
 }
 
 /// Plans this host's data-socket options. On the sending side, every congestion control

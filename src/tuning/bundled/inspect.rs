@@ -7,6 +7,7 @@ use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType};
 use serde::Serialize;
 
 use super::loader::pin_path;
+use crate::channels::telemetry::GuardCounters;
 use crate::transport::cc::CcCatalog;
 
 /// Who provides a registered congestion control.
@@ -96,10 +97,15 @@ pub struct CcStats {
     pub ssthresh_repairs: u64,
     /// Absurd cwnd jumps the guard clamped.
     pub cwnd_repairs: u64,
+    /// Of the ssthresh repairs, those written while the program's ssthresh hook provably did
+    /// not run (the kernel skipped the call: docs/cc.md, "The guard").
+    pub skipped_ssthresh: u64,
+    /// The last garbage ssthresh the guard replaced (0: none yet).
+    pub last_garbage: u64,
 }
 
 impl CcStats {
-    /// Decodes the map value (four native-endian u64).
+    /// Decodes the map value (six native-endian u64, `struct hsx_stats` in bpf/hsxfer_cc.h).
     pub fn decode(v: &[u8]) -> Option<CcStats> {
         let word = |i: usize| -> Option<u64> {
             Some(u64::from_ne_bytes(
@@ -111,6 +117,8 @@ impl CcStats {
             released: word(1)?,
             ssthresh_repairs: word(2)?,
             cwnd_repairs: word(3)?,
+            skipped_ssthresh: word(4)?,
+            last_garbage: word(5)?,
         })
     }
 
@@ -125,6 +133,42 @@ pub fn stats(name: &str) -> Option<CcStats> {
     let map = newest_map(&format!("{name}_stats"), MapType::Array)?;
     let v = map.lookup(&0u32.to_ne_bytes(), MapFlags::ANY).ok()??;
     CcStats::decode(&v)
+}
+
+/// The guard counters of some bundled congestion controls at one moment, so a transfer can
+/// report the repairs made while it ran.
+#[derive(Debug, Clone)]
+pub struct GuardBaseline {
+    start: Vec<(String, CcStats)>,
+}
+
+impl GuardBaseline {
+    /// Reads the counters of those of `names` that are hsxfer's programs and readable here
+    /// (root); None when there are none.
+    pub fn read<'a>(names: impl IntoIterator<Item = &'a str>) -> Option<GuardBaseline> {
+        let mut start: Vec<(String, CcStats)> = Vec::new();
+        for name in names {
+            if start.iter().any(|(n, _)| n == name) {
+                continue;
+            }
+            if let Some(s) = stats(name) {
+                start.push((name.to_string(), s));
+            }
+        }
+        (!start.is_empty()).then_some(GuardBaseline { start })
+    }
+
+    /// The repairs made since the baseline was read.
+    pub fn since(&self) -> GuardCounters {
+        let mut sum = GuardCounters::default();
+        for (name, before) in &self.start {
+            let now = stats(name).unwrap_or(*before);
+            sum.ssthresh_repairs += now.ssthresh_repairs.saturating_sub(before.ssthresh_repairs);
+            sum.cwnd_repairs += now.cwnd_repairs.saturating_sub(before.cwnd_repairs);
+            sum.skipped_ssthresh += now.skipped_ssthresh.saturating_sub(before.skipped_ssthresh);
+        }
+        sum
+    }
 }
 
 /// One line of `hsxfer cc list`.
@@ -176,13 +220,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn stats_decode_four_words() {
+    fn stats_decode_six_words() {
         let mut v = Vec::new();
-        for w in [7u64, 5, 2, 1] {
+        for w in [7u64, 5, 2, 1, 1, 0x8110_4110] {
             v.extend_from_slice(&w.to_ne_bytes());
         }
         let s = CcStats::decode(&v).unwrap();
         assert_eq!((s.sockets, s.released, s.repairs()), (7, 5, 3));
-        assert_eq!(CcStats::decode(&v[..31]), None);
+        assert_eq!((s.skipped_ssthresh, s.last_garbage), (1, 0x8110_4110));
+        assert_eq!(CcStats::decode(&v[..47]), None);
     }
 }
