@@ -101,7 +101,6 @@ static __always_inline void bic_cong_avoid(struct sock *sk, u32 ack, u32 acked)
 	struct bic_ca *ca = inet_csk_ca(sk);
 	struct tcp_sock *tp = tcp_sk(sk);
 
-	hsx_guard(sk, &ca->guard);
 	if (!tcp_is_cwnd_limited(sk))
 		return;
 	if (tcp_in_slow_start(tp)) {
@@ -139,8 +138,7 @@ void BPF_PROG(bic_set_state, struct sock *sk, u8 new_state)
 {
 	struct bic_ca *ca = inet_csk_ca(sk);
 
-	hsx_guard(sk, &ca->guard);
-	hsx_end_reduction(sk, new_state);
+	hsx_set_state(sk, &ca->guard, new_state);
 	/* After a timeout, start the search afresh (as the kernel does). */
 	if (new_state == TCP_CA_Loss)
 		bic_reset(ca);

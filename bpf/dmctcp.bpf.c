@@ -270,7 +270,6 @@ static __always_inline void dmctcp_cong_avoid(struct sock *sk, u32 ack, u32 acke
 	struct dmc_view v;
 	u32 w;
 
-	hsx_guard(sk, &ca->guard);
 	if (!tcp_is_cwnd_limited(sk))
 		return;
 	if (g && tp->snd_ssthresh == TCP_INFINITE_SSTHRESH) {

@@ -70,10 +70,7 @@ void BPF_PROG(highspeed_in_ack_event, struct sock *sk, u32 flags)
 /* Growth, called from cong_control (HSX_CONG_CONTROL) on in-order delivery. */
 static __always_inline void highspeed_cong_avoid(struct sock *sk, u32 ack, u32 acked)
 {
-	struct hstcp_ca *ca = inet_csk_ca(sk);
 	struct tcp_sock *tp = tcp_sk(sk);
-
-	hsx_guard(sk, &ca->guard);
 
 	if (!tcp_is_cwnd_limited(sk))
 		return;

@@ -189,7 +189,7 @@ struct hsx_stats {
 struct hsx_guard {
 	u32 max_cwnd;       /* the largest cwnd the guard has accepted */
 	u32 last_ssthresh;  /* what this program last set ssthresh to */
-	u32 ss_calls;       /* calls of our ssthresh program */
+	u32 ss_calls;       /* ssthresh values this program set (hsx_ssthresh_ret) */
 	u32 ss_seen;        /* ss_calls when the guard last ran */
 	u32 prr_delivered;  /* segments delivered since the reduction began (PRR) */
 	u32 prr_high_seq;   /* high_seq of the reduction prr_delivered counts for */
@@ -289,28 +289,6 @@ static __always_inline u32 hsx_undo_ret(struct hsx_guard *g, u32 cwnd)
 	return max_u32(g->max_cwnd, 2);
 }
 
-/*
- * The guard's own hooks for a congestion control whose private state type is `ca_type`:
- * cwnd_event (right after the kernel ends a reduction with cwnd = ssthresh, and after a
- * timeout's ssthresh) and, unless the program has a set_state of its own that calls
- * hsx_guard, set_state (right after every ssthresh the kernel takes on entering CWR,
- * recovery or loss).
- */
-#define HSX_GUARD_EVENT_HOOK(cc, ca_type)                                               \
-	SEC("struct_ops")                                                              \
-	void BPF_PROG(cc##_cwnd_event, struct sock *sk, int ev)                        \
-	{                                                                              \
-		hsx_guard(sk, &((ca_type *)inet_csk_ca(sk))->guard);                   \
-	}
-
-#define HSX_GUARD_STATE_HOOK(cc, ca_type)                                               \
-	SEC("struct_ops")                                                              \
-	void BPF_PROG(cc##_set_state, struct sock *sk, u8 new_state)                   \
-	{                                                                              \
-		hsx_guard(sk, &((ca_type *)inet_csk_ca(sk))->guard);                   \
-		hsx_end_reduction(sk, new_state);                                      \
-	}
-
 /* The kernel's tcp_packets_in_flight(). */
 static __always_inline u32 hsx_in_flight(const struct tcp_sock *tp)
 {
@@ -406,7 +384,8 @@ static __always_inline void hsx_end_reduction(struct sock *sk, u8 new_state)
 
 /*
  * cong_control for a congestion control `cc` whose private state type is `ca_type` and whose
- * growth rule is `static void cc_cong_avoid(struct sock *sk, u32 ack, u32 acked)`: what the
+ * growth rule is `static void cc_cong_avoid(struct sock *sk, u32 ack, u32 acked)` (called after
+ * the guard, so it need not run it again): what the
  * kernel's tcp_cong_control() does (PRR while reducing, growth on in-order delivery, the
  * pacing rate), with the guard first.
  */
@@ -428,6 +407,35 @@ static __always_inline void hsx_end_reduction(struct sock *sk, u8 new_state)
 				 acked : (flag & HSX_FLAG_DATA_ACKED))                 \
 			cc##_cong_avoid(sk, ack, acked);                               \
 		hsx_update_pacing_rate(sk);                                            \
+	}
+
+/*
+ * What every set_state does first: the guard (right after the ssthresh the kernel takes on
+ * entering CWR, Recovery or Loss), then the end of a reduction.
+ */
+static __always_inline void hsx_set_state(struct sock *sk, struct hsx_guard *g, u8 new_state)
+{
+	hsx_guard(sk, g);
+	hsx_end_reduction(sk, new_state);
+}
+
+/*
+ * The guard's own hooks for a congestion control whose private state type is `ca_type`:
+ * cwnd_event (after a timeout's ssthresh, CA_EVENT_LOSS) and, for a program without a
+ * set_state of its own, set_state (hsx_set_state).
+ */
+#define HSX_GUARD_EVENT_HOOK(cc, ca_type)                                               \
+	SEC("struct_ops")                                                              \
+	void BPF_PROG(cc##_cwnd_event, struct sock *sk, int ev)                        \
+	{                                                                              \
+		hsx_guard(sk, &((ca_type *)inet_csk_ca(sk))->guard);                   \
+	}
+
+#define HSX_GUARD_STATE_HOOK(cc, ca_type)                                               \
+	SEC("struct_ops")                                                              \
+	void BPF_PROG(cc##_set_state, struct sock *sk, u8 new_state)                   \
+	{                                                                              \
+		hsx_set_state(sk, &((ca_type *)inet_csk_ca(sk))->guard, new_state);    \
 	}
 
 static __always_inline void hsx_count_init(void)

@@ -187,7 +187,6 @@ static __always_inline void htcp_cong_avoid(struct sock *sk, u32 ack, u32 acked)
 	struct htcp_ca *ca = inet_csk_ca(sk);
 	struct tcp_sock *tp = tcp_sk(sk);
 
-	hsx_guard(sk, &ca->guard);
 	if (!tcp_is_cwnd_limited(sk))
 		return;
 	if (tcp_in_slow_start(tp)) {
@@ -212,8 +211,7 @@ void BPF_PROG(htcp_set_state, struct sock *sk, u8 new_state)
 	struct htcp_ca *ca = inet_csk_ca(sk);
 	u32 now = now_ms(sk);
 
-	hsx_guard(sk, &ca->guard);
-	hsx_end_reduction(sk, new_state);
+	hsx_set_state(sk, &ca->guard, new_state);
 	switch (new_state) {
 	case TCP_CA_Open:
 		if (ca->undo_last_cong) {
