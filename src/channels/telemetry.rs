@@ -5,7 +5,6 @@
 use serde::{Deserialize, Serialize};
 
 use crate::metrics::LossEvent;
-use crate::transport::tcp_info::TcpSample;
 
 /// The settings in force on one sending channel, as read back from the kernel.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -59,6 +58,9 @@ pub struct TelemetryBatch {
     /// during the transfer so far.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guard: Option<GuardCounters>,
+    /// What the sending side's online tuner learned and did so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tuner: Option<TunerReport>,
 }
 
 /// Repairs by the window guard of hsxfer's BPF congestion controls (see `hsxfer cc list`):
@@ -88,4 +90,101 @@ pub struct DmcCounters {
     pub channels: u32,
     /// Channels still in slow start that took the first cut's ssthresh.
     pub slow_start_adopted: u64,
+}
+
+/// The fields of `struct tcp_info` hsxfer reports, in plain units. Fields a kernel does not
+/// report (older than 4.10 for the limits, 4.19 for the byte counters) read as 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TcpSample {
+    /// Congestion window, segments.
+    pub cwnd: u32,
+    /// Slow-start threshold, segments (the kernel's "infinity" is 2147483647).
+    pub ssthresh: u32,
+    /// Smoothed RTT, microseconds.
+    pub rtt_us: u32,
+    /// Lowest RTT seen, microseconds.
+    pub min_rtt_us: u32,
+    /// Segments currently retransmitted and not yet acknowledged.
+    pub retrans: u32,
+    /// Segments retransmitted over the connection's life.
+    pub total_retrans: u32,
+    /// Most recent delivery-rate estimate, bytes/s.
+    pub delivery_rate: u64,
+    /// Current pacing rate, bytes/s.
+    pub pacing_rate: u64,
+    /// Congestion-avoidance state: 0 Open, 1 Disorder, 2 CWR, 3 Recovery, 4 Loss.
+    pub ca_state: u8,
+    /// Bytes acknowledged by the peer (the kernel counts the SYN as one).
+    pub bytes_acked: u64,
+    /// Sender MSS, bytes.
+    pub mss: u32,
+    /// Segments delivered to the peer, selectively acknowledged ones included: unlike
+    /// `bytes_acked`, it does not jump when a retransmission fills a hole.
+    #[serde(default)]
+    pub delivered: u32,
+    /// Microseconds the connection had data in flight.
+    #[serde(default)]
+    pub busy_us: u64,
+    /// Of those, microseconds it was stopped by the peer's receive window.
+    #[serde(default)]
+    pub rwnd_limited_us: u64,
+    /// Of those, microseconds it was stopped by its own send buffer.
+    #[serde(default)]
+    pub sndbuf_limited_us: u64,
+    /// Bytes written by the application and not yet sent.
+    #[serde(default)]
+    pub notsent_bytes: u32,
+    /// The peer's advertised receive window, bytes.
+    #[serde(default)]
+    pub snd_wnd: u32,
+}
+
+impl TcpSample {
+    /// True while the connection is recovering from a loss (Recovery or Loss state).
+    pub fn recovering(&self) -> bool {
+        self.ca_state == CA_RECOVERY || self.ca_state == CA_LOSS
+    }
+}
+
+/// `TCP_CA_Recovery`: fast retransmit in progress.
+pub const CA_RECOVERY: u8 = 3;
+/// `TCP_CA_Loss`: retransmission timeout.
+pub const CA_LOSS: u8 = 4;
+
+/// How the meter ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MeterEnd {
+    /// A loss after the bottleneck was full: the rate is measured.
+    Full,
+    /// A host's window held the channel back: the rate is at least what it reached.
+    WindowLimited,
+    /// The rate stopped growing without a loss (a short path, or a host's CPU).
+    Plateau,
+    /// It ran out of time.
+    Timeout,
+}
+
+/// One decision, for the report: when, what and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    /// Seconds since the data phase began.
+    pub t: f64,
+    /// What was done and why, in words.
+    pub what: String,
+}
+
+/// What the tuner learned and did, for the summary and for saving a profile.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TunerReport {
+    /// The bottleneck's goodput rate the caps were set from, bits/s.
+    pub rate_bps: Option<u64>,
+    /// How the meter ended, if one ran.
+    pub meter: Option<MeterEnd>,
+    /// Channels at the end.
+    pub channels: u16,
+    /// True when losses came while the channels sent below the path's rate (random loss).
+    pub lossy: bool,
+    /// Every decision, in order.
+    pub decisions: Vec<Decision>,
 }

@@ -46,7 +46,7 @@ pub fn start(mode: Mode, operation: &str, host: &str, channels: u16, block_size:
 }
 
 /// The CSV header of a `--trace` file.
-const TRACE_HEADER: &str = "t_s,channel,cwnd,ssthresh,rtt_us,min_rtt_us,ca_state,retrans,total_retrans,delivery_rate_bps,pacing_rate_bps,bytes_acked";
+const TRACE_HEADER: &str = "t_s,channel,cwnd,ssthresh,rtt_us,min_rtt_us,ca_state,retrans,total_retrans,delivery_rate_bps,pacing_rate_bps,bytes_acked,delivered,busy_us,rwnd_limited_us,sndbuf_limited_us,notsent_bytes,snd_wnd";
 
 /// Writes `--trace` samples as CSV.
 struct TraceWriter(BufWriter<File>);
@@ -65,7 +65,7 @@ impl TraceWriter {
             let t = &s.tcp;
             writeln!(
                 self.0,
-                "{:.4},{},{},{},{},{},{},{},{},{},{},{}",
+                "{:.4},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
                 s.t,
                 s.channel,
                 t.cwnd,
@@ -77,7 +77,13 @@ impl TraceWriter {
                 t.total_retrans,
                 t.delivery_rate * 8,
                 t.pacing_rate * 8,
-                t.bytes_acked
+                t.bytes_acked,
+                t.delivered,
+                t.busy_us,
+                t.rwnd_limited_us,
+                t.sndbuf_limited_us,
+                t.notsent_bytes,
+                t.snd_wnd
             )?;
         }
         self.0.flush()

@@ -1,49 +1,12 @@
-//! `TCP_INFO`: the kernel's view of one connection (window, RTT, retransmissions, rates),
-//! read without disturbing the socket, so it can be sampled while tokio owns the stream.
+//! `TCP_INFO`: the kernel's view of one connection (window, RTT, retransmissions, rates, and
+//! what limited the sender), read without disturbing the socket, so it can be sampled while
+//! tokio owns the stream. The reading's type, [`TcpSample`], is a wire type of
+//! [`crate::channels::telemetry`]: a sending server forwards it.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
 
-use serde::{Deserialize, Serialize};
-
-/// The fields of `struct tcp_info` hsxfer reports, in plain units.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct TcpSample {
-    /// Congestion window, segments.
-    pub cwnd: u32,
-    /// Slow-start threshold, segments (the kernel's "infinity" is 2147483647).
-    pub ssthresh: u32,
-    /// Smoothed RTT, microseconds.
-    pub rtt_us: u32,
-    /// Lowest RTT seen, microseconds.
-    pub min_rtt_us: u32,
-    /// Segments currently retransmitted and not yet acknowledged.
-    pub retrans: u32,
-    /// Segments retransmitted over the connection's life.
-    pub total_retrans: u32,
-    /// Most recent delivery-rate estimate, bytes/s.
-    pub delivery_rate: u64,
-    /// Current pacing rate, bytes/s.
-    pub pacing_rate: u64,
-    /// Congestion-avoidance state: 0 Open, 1 Disorder, 2 CWR, 3 Recovery, 4 Loss.
-    pub ca_state: u8,
-    /// Bytes acknowledged by the peer (the kernel counts the SYN as one).
-    pub bytes_acked: u64,
-    /// Sender MSS, bytes.
-    pub mss: u32,
-}
-
-impl TcpSample {
-    /// True while the connection is recovering from a loss (Recovery or Loss state).
-    pub fn recovering(&self) -> bool {
-        self.ca_state == CA_RECOVERY || self.ca_state == CA_LOSS
-    }
-}
-
-/// `TCP_CA_Recovery`: fast retransmit in progress.
-pub const CA_RECOVERY: u8 = 3;
-/// `TCP_CA_Loss`: retransmission timeout.
-pub const CA_LOSS: u8 = 4;
+use crate::channels::telemetry::TcpSample;
 
 /// Reads `TCP_INFO` from a TCP socket.
 pub fn tcp_info(sock: &impl AsFd) -> io::Result<TcpSample> {
@@ -75,6 +38,12 @@ pub fn tcp_info(sock: &impl AsFd) -> io::Result<TcpSample> {
         ca_state: ti.tcpi_ca_state,
         bytes_acked: ti.tcpi_bytes_acked,
         mss: ti.tcpi_snd_mss,
+        delivered: ti.tcpi_delivered,
+        busy_us: ti.tcpi_busy_time,
+        rwnd_limited_us: ti.tcpi_rwnd_limited,
+        sndbuf_limited_us: ti.tcpi_sndbuf_limited,
+        notsent_bytes: ti.tcpi_notsent_bytes,
+        snd_wnd: ti.tcpi_snd_wnd,
     })
 }
 
@@ -104,5 +73,9 @@ mod tests {
         // The SYN counts as one acknowledged byte.
         assert_eq!(t.bytes_acked, 100_001);
         assert!(t.rtt_us > 0);
+        // The SYN counts as one delivered segment; the data made at least one more (loopback's
+        // MSS is large), and the peer advertised a window.
+        assert!(t.delivered >= 2, "{t:?}");
+        assert!(t.snd_wnd > 0, "{t:?}");
     }
 }
