@@ -41,7 +41,7 @@ pub mod tuning;
 
 pub use channels::control::BenchDirection;
 pub use error::{Error, Result};
-pub use session::client::{Client, TransferOptions};
+pub use session::client::{Client, PathRate, TransferOptions, Tune};
 pub use session::report::{ChannelReport, LiveStats, TransferReport};
 pub use session::sender::FaultInjection;
 pub use session::server::{Server, ServerConfig};

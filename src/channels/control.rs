@@ -113,6 +113,27 @@ pub struct Tuning {
     pub interval_ms: u32,
     /// Whether a sending server also forwards fine-grained samples for a trace.
     pub trace: bool,
+    /// Online tuning by the sending side while data moves; `None`: the settings above are
+    /// final.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub online: Option<OnlineTuning>,
+}
+
+/// What the sending side's online tuner may do (`hsxfer::tuning::online`): meter the path
+/// with the first channel, pace every channel just below the rate it found, add channels.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OnlineTuning {
+    /// Most channels it may run.
+    pub max_channels: u16,
+    /// Bottleneck goodput rate known in advance (a profile or `--rate`), bits/s: no meter.
+    pub rate_bps: Option<u64>,
+    /// Whether it sets the pacing caps (false when the user chose the pacing).
+    pub pace: bool,
+    /// Congestion control the first channel meters the path with, when it differs from the
+    /// transfer's.
+    pub meter_cc: Option<String>,
+    /// Which congestion controls it may switch to.
+    pub policy: Policy,
 }
 
 impl Tuning {
@@ -126,6 +147,7 @@ impl Tuning {
             rtt_us: 0,
             interval_ms: 1000,
             trace: false,
+            online: None,
         }
     }
 
@@ -133,6 +155,19 @@ impl Tuning {
     pub fn cc_of(&self, i: usize) -> Option<&str> {
         (!self.cc.is_empty()).then(|| self.cc[i % self.cc.len()].as_str())
     }
+}
+
+/// Which congestion controls the tuner may choose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    /// Only loss-based congestion controls, so a transfer stays near its fair share against
+    /// competing cubic traffic.
+    #[default]
+    Fair,
+    /// May choose BBR where it is faster (a path with random loss); BBR takes far more than
+    /// its share from loss-based traffic.
+    Fast,
 }
 
 /// The operation of a session.

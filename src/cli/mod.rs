@@ -15,11 +15,12 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
+use hsxfer::channels::control::Policy;
 use hsxfer::tuning::bdp::BufferChoice;
 use hsxfer::tuning::desync::{PaceChoice, StaggerChoice};
 use hsxfer::{
-    Auth, BenchDirection, Client, FaultInjection, LiveStats, Server, ServerConfig, TransferOptions,
-    TransferReport, DEFAULT_PORT,
+    Auth, BenchDirection, Client, FaultInjection, LiveStats, PathRate, Server, ServerConfig,
+    TransferOptions, TransferReport, Tune, DEFAULT_PORT,
 };
 
 use operands::Direction;
@@ -113,9 +114,10 @@ struct ServeArgs {
 
 #[derive(Args)]
 struct TransferArgs {
-    /// Number of parallel data channels.
-    #[arg(short = 'n', long = "channels", default_value_t = hsxfer::tuning::defaults::CHANNELS)]
-    channels: u16,
+    /// Number of parallel data channels, fixed (default: 4, which the online tuner may raise
+    /// while added channels pay).
+    #[arg(short = 'n', long = "channels")]
+    channels: Option<u16>,
     /// Server port.
     #[arg(long, default_value_t = DEFAULT_PORT)]
     port: u16,
@@ -143,6 +145,15 @@ struct TransferArgs {
     /// given, none otherwise), RATE for every channel (e.g. 500M), or off.
     #[arg(long, value_name = "auto|RATE|off", default_value = "auto", value_parser = parse_pace)]
     pace: PaceChoice,
+    /// Tuning while data moves: auto (the sending side measures the path with its first
+    /// channel, paces every channel just below the rate it found, and adds channels while they
+    /// pay), or off (the settings planned at the start are final).
+    #[arg(long, value_name = "auto|off", default_value = "auto", value_parser = parse_tune)]
+    tune: Tune,
+    /// Which congestion controls tuning may choose: fair (loss-based ones only, so the
+    /// transfer stays near its fair share against other TCP traffic) or fast (may choose BBR).
+    #[arg(long, value_name = "fair|fast", default_value = "fair", value_parser = parse_policy)]
+    policy: Policy,
     /// Reporting interval of the live display and of --json channel events.
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = units::parse_duration)]
     interval: Duration,
@@ -164,14 +175,22 @@ impl TransferArgs {
             Some(b) => u32::try_from(b).context("block size too large")?,
             None => hsxfer::tuning::defaults::BLOCK_SIZE,
         };
+        let channels = self.channels.unwrap_or(hsxfer::tuning::defaults::CHANNELS);
         let opts = TransferOptions {
-            channels: self.channels,
+            channels,
+            max_channels: match self.channels {
+                Some(n) => n,
+                None => hsxfer::tuning::defaults::MAX_TUNED_CHANNELS,
+            },
             block_size,
             port: self.port,
             auth: self.auth.auth()?,
             cc: self.cc.clone(),
             buffer: self.buffer,
-            rate_bps: self.rate,
+            rate: self.rate.map_or(PathRate::Unknown, PathRate::Given),
+            tune: self.tune,
+            policy: self.policy,
+            origin: Vec::new(),
             rtt: self.rtt,
             stagger: self.stagger,
             pace: self.pace,
@@ -201,6 +220,22 @@ fn parse_buffer(s: &str) -> Result<BufferChoice, String> {
         _ => units::parse_size(s)
             .map(BufferChoice::Fixed)
             .map_err(|e| format!("{e}; or auto, kernel")),
+    }
+}
+
+fn parse_tune(s: &str) -> Result<Tune, String> {
+    match s {
+        "auto" => Ok(Tune::Online),
+        "off" => Ok(Tune::Off),
+        _ => Err("use auto or off".into()),
+    }
+}
+
+fn parse_policy(s: &str) -> Result<Policy, String> {
+    match s {
+        "fair" => Ok(Policy::Fair),
+        "fast" => Ok(Policy::Fast),
+        _ => Err("use fair or fast".into()),
     }
 }
 

@@ -12,14 +12,14 @@ use tokio::task::JoinSet;
 use super::handshake;
 use super::receiver::{ReceiveEngine, Sink};
 use super::report::{LiveStats, SideOutcome, TransferReport, TuningReport};
+use super::sampler::{OnlineControl, Sampler};
 use super::sender::{FaultInjection, SendEngine};
 use super::source::{BenchLimit, SendSource};
-use super::telemetry::{duplicate, spawn_sampler};
-use super::tuning::{check_congestion, local_plan, read_setup, Side};
+use super::tuning::{check_congestion, local_plan, online_tuner, read_setup, Side};
 use super::wire::{ControlReader, ControlWriter};
 use super::{Auth, DEFAULT_PORT};
 use crate::channels::control::{
-    BenchDirection, Message, Operation, Request, Tuning, PROTOCOL_VERSION,
+    BenchDirection, Message, OnlineTuning, Operation, Policy, Request, Tuning, PROTOCOL_VERSION,
 };
 use crate::error::{Error, Result};
 use crate::fsio::dest::Destination;
@@ -31,12 +31,39 @@ use crate::transport::{self, SocketOptions};
 use crate::tuning::bdp::{self, BufferChoice, BufferRequest};
 use crate::tuning::defaults;
 use crate::tuning::desync::{pacing_caps, stagger_offsets, PaceChoice, StaggerChoice};
+use crate::tuning::online::{OnlineTuner, METER_CC};
+
+/// What is known of the path's bottleneck rate before the transfer starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PathRate {
+    /// Nothing: the online tuner measures it (or, with [`Tune::Off`], buffers are sized to
+    /// the outgoing interface's speed and nothing is paced).
+    #[default]
+    Unknown,
+    /// The user's figure for the bottleneck, bits/s on the wire (`--rate`).
+    Given(u64),
+    /// A measured goodput rate (a saved probe or an earlier copy), bits/s of payload.
+    Measured(u64),
+}
+
+/// Whether the sending side tunes the transfer while data moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Tune {
+    /// Meter the path with the first channel when its rate is unknown, pace every channel
+    /// just below the rate, and add channels while they pay (`hsxfer::tuning::online`).
+    #[default]
+    Online,
+    /// The settings planned at the start are final.
+    Off,
+}
 
 /// Options of a transfer, shared by push, pull and bench.
 #[derive(Debug, Clone)]
 pub struct TransferOptions {
-    /// Number of parallel data channels (1..=[`defaults::MAX_CHANNELS`]).
+    /// Number of parallel data channels to open with (1..=[`defaults::MAX_CHANNELS`]).
     pub channels: u16,
+    /// Most channels the online tuner may run (set it to `channels` to fix the count).
+    pub max_channels: u16,
     /// Block size in bytes (the unit of scheduling, checking and resuming).
     pub block_size: u32,
     /// Server port.
@@ -48,8 +75,15 @@ pub struct TransferOptions {
     pub cc: Vec<String>,
     /// Socket buffer sizing.
     pub buffer: BufferChoice,
-    /// Bottleneck rate of the path in bits/s, if known: sizes buffers and automatic pacing.
-    pub rate_bps: Option<u64>,
+    /// The path's bottleneck rate, if known: sizes buffers and automatic pacing.
+    pub rate: PathRate,
+    /// Whether the sending side tunes the transfer while it runs.
+    pub tune: Tune,
+    /// Which congestion controls the online tuner may choose.
+    pub policy: Policy,
+    /// Where settings came from when not from the caller (e.g. a saved profile), for the
+    /// report.
+    pub origin: Vec<String>,
     /// Path RTT; `None` measures it (pings on the control connection and its `TCP_INFO`).
     pub rtt: Option<Duration>,
     /// Staggered channel starts.
@@ -66,12 +100,16 @@ impl Default for TransferOptions {
     fn default() -> Self {
         TransferOptions {
             channels: defaults::CHANNELS,
+            max_channels: defaults::MAX_TUNED_CHANNELS,
             block_size: defaults::BLOCK_SIZE,
             port: DEFAULT_PORT,
             auth: Auth::NoAuth,
             cc: Vec::new(),
             buffer: BufferChoice::Auto,
-            rate_bps: None,
+            rate: PathRate::Unknown,
+            tune: Tune::Online,
+            policy: Policy::Fair,
+            origin: Vec::new(),
             rtt: None,
             stagger: StaggerChoice::Auto,
             pace: PaceChoice::Auto,
@@ -115,6 +153,8 @@ struct Opened {
     channels: Vec<TcpStream>,
     stagger: Vec<Duration>,
     tuning: TuningReport,
+    /// The online tuner, when this end sends and the transfer is tuned.
+    tuner: Option<OnlineTuner>,
 }
 
 /// RTT probes sent on the control connection before the request.
@@ -202,13 +242,29 @@ impl Client {
         live: &Arc<LiveStats>,
     ) -> Result<TransferReport> {
         let start = Instant::now();
-        let sampler = spawn_sampler(duplicate(&o.channels)?, live.clone());
+        let gate = o
+            .tuner
+            .as_ref()
+            .map(|t| Arc::new(tokio::sync::watch::channel(!t.holds_channels()).0));
+        let online = o
+            .tuner
+            .zip(gate.clone())
+            .map(|(tuner, release)| OnlineControl {
+                tuner,
+                release,
+                grow: tokio::sync::mpsc::unbounded_channel().0,
+            });
+        let sampler = Sampler::start(live.clone(), online);
+        for (i, c) in o.channels.iter().enumerate() {
+            sampler.attach(i, c)?;
+        }
         let (r, w) = o.ctrl.into_split();
         let out = SendEngine {
             ctrl_r: ControlReader::new(r),
             ctrl_w: ControlWriter::new(w),
             channels: o.channels,
             stagger: o.stagger,
+            gate,
             source,
             block_size: self.opts.block_size,
             live: live.clone(),
@@ -218,7 +274,9 @@ impl Client {
         }
         .run()
         .await;
-        sampler.abort();
+        if let Some(r) = sampler.stop() {
+            live.telemetry.set_tuner(r);
+        }
         Ok(self.report(name, live, out?, start, o.tuning))
     }
 
@@ -281,7 +339,9 @@ impl Client {
         let n = self.opts.channels;
         let side = if we_send { Side::Send } else { Side::Receive };
         if we_send {
-            check_congestion(&self.tuning_request(Duration::ZERO, None, false), "client")?;
+            let mut t = self.tuning_request(Duration::ZERO, None, None, false);
+            t.online = self.online_request(None);
+            check_congestion(&t, "client")?;
         }
         let addrs = self.resolve().await?;
         let (addr, mut ctrl) = self.connect_control(&addrs).await?;
@@ -292,23 +352,45 @@ impl Client {
             Some(rtt) => rtt,
             None => measure_rtt(&mut ctrl).await?,
         };
-        let (rate, rate_source) = match self.opts.rate_bps {
-            Some(r) => (Some(r), "given"),
-            None => match interface_speed(&ctrl) {
+        let mss = tcp_info(&ctrl).map(|t| t.mss).unwrap_or(0);
+        let goodput = match self.opts.rate {
+            PathRate::Given(wire) => Some(bdp::goodput_rate(wire, mss)),
+            PathRate::Measured(g) => Some(g),
+            PathRate::Unknown => None,
+        };
+        let (rate, rate_source) = match self.opts.rate {
+            PathRate::Given(r) => (Some(r), "given"),
+            PathRate::Measured(r) => (Some(r), "measured"),
+            PathRate::Unknown => match interface_speed(&ctrl) {
                 Some(r) => (Some(r), "interface"),
                 None => (None, "unknown"),
             },
         };
-        let stagger = stagger_offsets(self.opts.stagger, n, rtt, &mut rand::thread_rng());
-        let mut tuning = self.tuning_request(rtt, rate, live.telemetry.tracing());
+        let online = self.online_request(goodput);
+        // The meter replaces an automatic stagger: the other channels start once the first
+        // has measured the path, paced below its rate, so their slow starts cannot overshoot.
+        let stagger_choice = match (self.opts.stagger, &online) {
+            (StaggerChoice::Auto, Some(_)) => StaggerChoice::Off,
+            (choice, _) => choice,
+        };
+        let stagger = stagger_offsets(stagger_choice, n, rtt, &mut rand::thread_rng());
+        let mut tuning = self.tuning_request(rtt, rate, goodput, live.telemetry.tracing());
+        tuning.online = online;
         tuning.stagger_us = stagger.iter().map(|d| d.as_micros() as u64).collect();
-        let plan = local_plan(&tuning, side, n, "client")?;
+        let tuner = if we_send {
+            online_tuner(&tuning, n)
+        } else {
+            None
+        };
+        let plan = local_plan(&tuning, side, n, "client", tuner.as_ref())?;
         let mut report = TuningReport {
             rtt_us: rtt.as_micros() as u64,
             rate_bps: rate,
             rate_source: rate_source.into(),
             buffer: describe_buffer(tuning.buffer),
             notes: plan.notes.clone(),
+            origin: self.opts.origin.clone(),
+            online: None,
         };
         let request = Message::Request(Request {
             version: PROTOCOL_VERSION,
@@ -364,21 +446,42 @@ impl Client {
             channels,
             stagger,
             tuning: report,
+            tuner,
+        })
+    }
+
+    /// What the online tuner of the sending side may do, from the options; `None` with
+    /// [`Tune::Off`].
+    fn online_request(&self, goodput: Option<u64>) -> Option<OnlineTuning> {
+        (self.opts.tune == Tune::Online).then(|| OnlineTuning {
+            max_channels: self.opts.max_channels.max(self.opts.channels),
+            rate_bps: goodput,
+            pace: self.opts.pace == PaceChoice::Auto,
+            // A congestion control the user chose meters the path itself.
+            meter_cc: self.opts.cc.is_empty().then(|| METER_CC.to_string()),
+            policy: self.opts.policy,
         })
     }
 
     /// The transport settings of the request, for a path RTT and rate (buffers are sized to
-    /// an estimated rate; pacing follows only a rate the user gave).
-    fn tuning_request(&self, rtt: Duration, rate: Option<u64>, trace: bool) -> Tuning {
+    /// an estimated rate; pacing follows only a given or measured goodput rate).
+    fn tuning_request(
+        &self,
+        rtt: Duration,
+        rate: Option<u64>,
+        goodput: Option<u64>,
+        trace: bool,
+    ) -> Tuning {
         let n = self.opts.channels;
         Tuning {
             cc: self.opts.cc.clone(),
             buffer: bdp::request(self.opts.buffer, rate, rtt, n),
-            pace: pacing_caps(self.opts.pace, n, self.opts.rate_bps),
+            pace: pacing_caps(self.opts.pace, n, goodput),
             stagger_us: vec![0; n as usize],
             rtt_us: rtt.as_micros() as u64,
             interval_ms: self.opts.interval.as_millis().clamp(10, u32::MAX as u128) as u32,
             trace,
+            online: None,
         }
     }
 

@@ -7,6 +7,7 @@ pub mod engine;
 pub mod handshake;
 pub mod receiver;
 pub mod report;
+pub mod sampler;
 pub mod sender;
 pub mod server;
 pub mod source;

@@ -1,19 +1,21 @@
 //! Live counters during a transfer and the final report.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::RwLock;
 use std::time::Instant;
 
 use serde::Serialize;
 
 use super::telemetry::{Telemetry, SAMPLE_PERIOD};
-use crate::channels::telemetry::{DmcCounters, GuardCounters};
+use crate::channels::telemetry::{DmcCounters, GuardCounters, TunerReport};
 use crate::metrics::{jain, loss_sync, SyncReport};
 
 /// Counters updated by the data channels while a transfer runs; a caller may poll them
-/// (e.g. for a progress display) from another task.
+/// (e.g. for a progress display) from another task. Channels the online tuner adds during
+/// the transfer get counters as they open.
 #[derive(Debug)]
 pub struct LiveStats {
-    channels: Vec<AtomicU64>,
+    channels: RwLock<Vec<AtomicU64>>,
     expected: AtomicU64,
     files_done: AtomicU64,
     started: Instant,
@@ -25,7 +27,7 @@ impl LiveStats {
     /// Counters for `channels` data channels.
     pub fn new(channels: usize) -> Self {
         LiveStats {
-            channels: (0..channels).map(|_| AtomicU64::new(0)).collect(),
+            channels: RwLock::new((0..channels).map(|_| AtomicU64::new(0)).collect()),
             expected: AtomicU64::new(0),
             files_done: AtomicU64::new(0),
             started: Instant::now(),
@@ -33,14 +35,31 @@ impl LiveStats {
         }
     }
 
+    /// Makes room for channels `0..n` (channels opened during the transfer).
+    pub fn ensure_channels(&self, n: usize) {
+        let mut c = self.channels.write().expect("live counters lock");
+        while c.len() < n {
+            c.push(AtomicU64::new(0));
+        }
+        drop(c);
+        self.telemetry.ensure_channels(n);
+    }
+
     /// Adds payload bytes carried by channel `i`.
     pub fn add(&self, i: usize, bytes: u64) {
-        self.channels[i].fetch_add(bytes, Ordering::Relaxed);
+        if let Some(c) = self.channels.read().expect("live counters lock").get(i) {
+            c.fetch_add(bytes, Ordering::Relaxed);
+            return;
+        }
+        self.ensure_channels(i + 1);
+        self.add(i, bytes);
     }
 
     /// Payload bytes per channel so far.
     pub fn channel_bytes(&self) -> Vec<u64> {
         self.channels
+            .read()
+            .expect("live counters lock")
             .iter()
             .map(|c| c.load(Ordering::Relaxed))
             .collect()
@@ -139,6 +158,10 @@ pub struct TuningReport {
     pub buffer: String,
     /// Limits that kept a setting below what the path needs, with the fix (both ends).
     pub notes: Vec<String>,
+    /// Where settings came from when the user did not give them (e.g. a saved profile).
+    pub origin: Vec<String>,
+    /// What the sending side's online tuner learned and did; `None` when it did not run.
+    pub online: Option<TunerReport>,
 }
 
 /// The result of a transfer, as printed in the `summary` JSON event.
@@ -214,6 +237,8 @@ impl TransferReport {
         let window = srtt_max
             .max(tuning.rtt_us as f64 / 1e6)
             .max(2.0 * SAMPLE_PERIOD.as_secs_f64());
+        let mut tuning = tuning;
+        tuning.online = live.telemetry.tuner();
         TransferReport {
             operation: operation.to_string(),
             bytes,

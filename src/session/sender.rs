@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 use super::engine::{channel_ended, conclude};
@@ -50,6 +50,9 @@ pub struct SendEngine<R, W> {
     pub channels: Vec<TcpStream>,
     /// Start offset of each channel (staggered starts); missing entries start at once.
     pub stagger: Vec<Duration>,
+    /// Channels after the first wait until this turns true (while the online tuner's meter
+    /// runs on the first); the engine opens it itself when the session ends.
+    pub gate: Option<Arc<watch::Sender<bool>>>,
     /// What to send.
     pub source: SendSource,
     /// Block size of the session.
@@ -76,6 +79,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
             let ch = ChannelSender {
                 index: i,
                 start_at: began + self.stagger.get(i).copied().unwrap_or_default(),
+                gate: self.gate.as_ref().filter(|_| i > 0).map(|g| g.subscribe()),
                 stream,
                 jobs: jobs_rx.clone(),
                 reader: self.source.reader(),
@@ -95,8 +99,12 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                 result = Err(e);
             }
         }
-        // Closing the queue lets the channel tasks finish and shut their streams down.
+        // Closing the queue (and opening the gate of channels still held) lets the channel
+        // tasks finish and shut their streams down.
         jobs_tx.close();
+        if let Some(g) = &self.gate {
+            g.send_replace(true);
+        }
         conclude(result, &mut self.ctrl_w, tasks).await
     }
 
@@ -184,6 +192,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
 struct ChannelSender {
     index: usize,
     start_at: tokio::time::Instant,
+    gate: Option<watch::Receiver<bool>>,
     stream: TcpStream,
     jobs: async_channel::Receiver<Job>,
     reader: BlockReader,
@@ -198,6 +207,9 @@ impl ChannelSender {
     async fn run(mut self) -> Result<()> {
         let mut buf = Vec::new();
         tokio::time::sleep_until(self.start_at).await;
+        if let Some(g) = self.gate.as_mut() {
+            let _ = g.wait_for(|open| *open).await;
+        }
         let mut started = false;
         while let Ok(job) = self.jobs.recv().await {
             if !started {

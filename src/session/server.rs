@@ -14,10 +14,10 @@ use tokio::sync::mpsc;
 use super::handshake;
 use super::receiver::{ReceiveEngine, Sink};
 use super::report::LiveStats;
+use super::sampler::{OnlineControl, Sampler};
 use super::sender::{FaultInjection, SendEngine};
 use super::source::SendSource;
-use super::telemetry::{duplicate, spawn_sampler};
-use super::tuning::{local_plan, read_setup, LocalPlan, Side};
+use super::tuning::{local_plan, online_tuner, read_setup, LocalPlan, Side};
 use super::wire::{ControlReader, ControlWriter};
 use super::Auth;
 use crate::channels::auth::{self, Hello, SessionId, SessionKey, TokenKey};
@@ -181,13 +181,14 @@ async fn control(
     };
     // Check everything that can be checked before any data channel is opened.
     let prepared = prepare_role(&state, &req).and_then(|role| {
-        let side = match role {
-            Role::Send(_) => Side::Send,
-            Role::Receive(_) => Side::Receive,
+        let (side, tuner) = match role {
+            Role::Send(_) => (Side::Send, online_tuner(&req.tuning, req.channels)),
+            Role::Receive(_) => (Side::Receive, None),
         };
-        Ok((role, local_plan(&req.tuning, side, req.channels, "server")?))
+        let plan = local_plan(&req.tuning, side, req.channels, "server", tuner.as_ref())?;
+        Ok((role, plan, tuner))
     });
-    let (role, plan) = match prepared {
+    let (role, plan, tuner) = match prepared {
         Ok(p) => p,
         Err(e) => {
             // Tell the client what was wrong in its own terms: paths relative to the root,
@@ -255,12 +256,26 @@ async fn control(
             .await
         }
         Role::Send(source) => {
-            let sampler = spawn_sampler(duplicate(&channels)?, live.clone());
+            let gate = tuner
+                .as_ref()
+                .map(|t| Arc::new(tokio::sync::watch::channel(!t.holds_channels()).0));
+            let online = tuner
+                .zip(gate.clone())
+                .map(|(tuner, release)| OnlineControl {
+                    tuner,
+                    release,
+                    grow: tokio::sync::mpsc::unbounded_channel().0,
+                });
+            let sampler = Sampler::start(live.clone(), online);
+            for (i, c) in channels.iter().enumerate() {
+                sampler.attach(i, c)?;
+            }
             let out = SendEngine {
                 ctrl_r: r,
                 ctrl_w: w,
                 channels,
                 stagger: stagger_of(&req),
+                gate,
                 source,
                 block_size,
                 live: live.clone(),
@@ -270,7 +285,7 @@ async fn control(
             }
             .run()
             .await;
-            sampler.abort();
+            sampler.stop();
             out
         }
     }?;

@@ -1,22 +1,19 @@
 //! Per-channel telemetry of a running transfer: the sending side samples `TCP_INFO` of its
-//! data sockets every [`SAMPLE_PERIOD`], detects loss events, and keeps the latest sample,
+//! data sockets every [`SAMPLE_PERIOD`] ([`super::sampler`]), detects loss events, and keeps
+//! the latest sample,
 //! the settings in force and (when asked) a fine-grained trace. A sending server forwards it
 //! to the client in [`TelemetryBatch`]es; the client absorbs them into the same state, so
 //! displays and reports read one place whichever side sends.
 
-use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::channels::telemetry::{
-    ChannelSetup, DmcCounters, GuardCounters, Sample, TelemetryBatch,
+    ChannelSetup, DmcCounters, GuardCounters, Sample, TelemetryBatch, TunerReport,
 };
 use crate::metrics::{LossDetector, LossEvent};
-use crate::transport::tcp_info::tcp_info;
 use crate::tuning::bundled::group::DmcGroup;
 use crate::tuning::bundled::inspect::GuardBaseline;
-
-use super::report::LiveStats;
 
 /// How often the sender reads `TCP_INFO`: fine enough to see each entry into loss recovery
 /// (a recovery lasts at least one RTT) and to draw cwnd traces.
@@ -34,6 +31,7 @@ struct State {
     dmctcp: Option<DmcCounters>,
     guard_baseline: Option<GuardBaseline>,
     guard: Option<GuardCounters>,
+    tuner: Option<TunerReport>,
 }
 
 /// Telemetry of one transfer; lives in [`LiveStats`].
@@ -65,6 +63,42 @@ impl Telemetry {
         self.state.lock().expect("telemetry lock")
     }
 
+    /// Makes room for channels `0..n` (channels opened during the transfer).
+    pub fn ensure_channels(&self, n: usize) {
+        let mut s = self.lock();
+        if s.latest.len() < n {
+            s.setups.resize(n, None);
+            s.latest.resize(n, None);
+            s.detectors.resize(n, LossDetector::default());
+        }
+    }
+
+    /// Records that channel `channel` now runs congestion control `cc` (read back after the
+    /// online tuner switched it).
+    pub fn set_cc(&self, channel: usize, cc: String) {
+        if let Some(Some(setup)) = self.lock().setups.get_mut(channel) {
+            setup.cc = cc;
+        }
+    }
+
+    /// Records the pacing cap now in force on channel `channel`, bits/s.
+    pub fn set_pace(&self, channel: usize, pace_bps: Option<u64>) {
+        if let Some(Some(setup)) = self.lock().setups.get_mut(channel) {
+            setup.pace_bps = pace_bps;
+        }
+    }
+
+    /// Records what the online tuner learned and did so far.
+    pub fn set_tuner(&self, report: TunerReport) {
+        self.lock().tuner = Some(report);
+    }
+
+    /// What the online tuner learned and did (on a pull, as the sending server last
+    /// forwarded it).
+    pub fn tuner(&self) -> Option<TunerReport> {
+        self.lock().tuner.clone()
+    }
+
     /// Keeps every sample from now on, for [`Telemetry::take_trace`].
     pub fn enable_trace(&self) {
         self.lock().trace.get_or_insert_with(Vec::new);
@@ -77,11 +111,9 @@ impl Telemetry {
 
     /// Records the settings in force on a channel.
     pub fn set_setup(&self, setup: ChannelSetup) {
-        let mut s = self.lock();
         let i = setup.index as usize;
-        if i < s.setups.len() {
-            s.setups[i] = Some(setup);
-        }
+        self.ensure_channels(i + 1);
+        self.lock().setups[i] = Some(setup);
     }
 
     /// On the sending side: the DMCTCP group the channels joined, read for its counters.
@@ -125,11 +157,9 @@ impl Telemetry {
 
     /// Records one sample, detecting a loss event.
     pub fn record(&self, sample: Sample) {
-        let mut s = self.lock();
         let i = sample.channel as usize;
-        if i >= s.latest.len() {
-            return;
-        }
+        self.ensure_channels(i + 1);
+        let mut s = self.lock();
         if s.detectors[i].on_sample(sample.tcp.recovering(), sample.tcp.total_retrans) {
             s.losses.push(LossEvent {
                 flow: i,
@@ -158,6 +188,7 @@ impl Telemetry {
             last,
             dmctcp,
             guard,
+            tuner: s.tuner.clone(),
         }
     }
 
@@ -166,11 +197,15 @@ impl Telemetry {
         for setup in batch.setups {
             self.set_setup(setup);
         }
+        if let Some(max) = batch.latest.iter().map(|s| s.channel as usize + 1).max() {
+            self.ensure_channels(max);
+        }
         let mut s = self.lock();
         for sample in batch.latest {
-            if let Some(slot) = s.latest.get_mut(sample.channel as usize) {
-                *slot = Some(sample);
-            }
+            s.latest[sample.channel as usize] = Some(sample);
+        }
+        if batch.tuner.is_some() {
+            s.tuner = batch.tuner;
         }
         s.losses.extend(batch.losses);
         if batch.dmctcp.is_some() {
@@ -209,42 +244,10 @@ impl Telemetry {
     }
 }
 
-/// Duplicates the data sockets' descriptors for [`spawn_sampler`].
-pub fn duplicate(channels: &[tokio::net::TcpStream]) -> crate::Result<Vec<OwnedFd>> {
-    use std::os::fd::AsFd;
-    channels
-        .iter()
-        .map(|c| c.as_fd().try_clone_to_owned())
-        .collect::<std::io::Result<_>>()
-        .map_err(crate::Error::io("duplicating a data socket for telemetry"))
-}
-
-/// Samples `TCP_INFO` of the sending sockets (duplicated descriptors, so a socket stays
-/// readable after its channel finished) every [`SAMPLE_PERIOD`] until the task is aborted.
-pub fn spawn_sampler(sockets: Vec<OwnedFd>, live: Arc<LiveStats>) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(SAMPLE_PERIOD);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        loop {
-            tick.tick().await;
-            let t = live.elapsed();
-            for (i, fd) in sockets.iter().enumerate() {
-                if let Ok(tcp) = tcp_info(fd) {
-                    live.telemetry.record(Sample {
-                        t,
-                        channel: i as u16,
-                        tcp,
-                    });
-                }
-            }
-        }
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::tcp_info::{TcpSample, CA_RECOVERY};
+    use crate::channels::telemetry::{TcpSample, CA_RECOVERY};
 
     fn sample(t: f64, channel: u16, ca_state: u8, total_retrans: u32) -> Sample {
         Sample {

@@ -6,14 +6,16 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::channels::control::Tuning;
+use crate::channels::control::{Policy, Tuning};
 use crate::channels::telemetry::ChannelSetup;
 use crate::error::{Error, Result};
 use crate::transport::buffers::granted;
 use crate::transport::cc::{self, CcCatalog};
+use crate::transport::tcp::PACING_UNCAPPED;
 use crate::transport::SocketOptions;
 use crate::tuning::bdp::{self, Direction};
 use crate::tuning::bundled::{self, group::DmcGroup, inspect::GuardBaseline};
+use crate::tuning::online::{OnlineTuner, TunerConfig};
 use crate::tuning::registry;
 use crate::tuning::sysctl::BufferLimits;
 
@@ -50,9 +52,54 @@ impl LocalPlan {
     }
 }
 
+/// The online tuner of a transfer's sending side, when the request asks for one.
+pub fn online_tuner(t: &Tuning, channels: u16) -> Option<OnlineTuner> {
+    let o = t.online.as_ref()?;
+    let cat = CcCatalog::read().ok();
+    let usable = |name: &str| {
+        cat.as_ref()
+            .is_some_and(|c| c.usable(name, cc::privileged()))
+    };
+    Some(OnlineTuner::new(TunerConfig {
+        channels,
+        max_channels: o.max_channels.max(channels),
+        known_rate: o.rate_bps.map(|b| b as f64 / 8.0),
+        pace: o.pace,
+        meter_cc: o.meter_cc.clone(),
+        steady_cc: t.cc_of(0).map(str::to_string).or_else(|| {
+            cat.as_ref()
+                .map(|c| policy_cc(o.policy, &c.default, usable))
+        }),
+        policy: o.policy,
+        bbr_usable: usable("bbr"),
+    }))
+}
+
+/// The congestion control a tuned transfer runs when the user chose none: the host default,
+/// unless `--policy fair` rules it out for not backing off on loss (BBR); then cubic, or
+/// Reno, which every Linux host may use.
+pub fn policy_cc(policy: Policy, host_default: &str, usable: impl Fn(&str) -> bool) -> String {
+    let loss_based = !host_default.starts_with("bbr");
+    if policy == Policy::Fast || loss_based {
+        return host_default.to_string();
+    }
+    ["cubic", "reno"]
+        .into_iter()
+        .find(|c| usable(c))
+        .unwrap_or("reno")
+        .to_string()
+}
+
 /// Plans this host's data-socket options. On the sending side, every congestion control
-/// named must be selectable here (`host` names this machine in the refusal).
-pub fn local_plan(t: &Tuning, side: Side, channels: u16, host: &str) -> Result<LocalPlan> {
+/// named must be selectable here (`host` names this machine in the refusal), and an online
+/// `tuner` sets each channel's first congestion control and pacing.
+pub fn local_plan(
+    t: &Tuning,
+    side: Side,
+    channels: u16,
+    host: &str,
+    tuner: Option<&OnlineTuner>,
+) -> Result<LocalPlan> {
     if side == Side::Send {
         check_congestion(t, host)?;
     }
@@ -84,18 +131,27 @@ pub fn local_plan(t: &Tuning, side: Side, channels: u16, host: &str) -> Result<L
             g
         }
     };
+    let tuned = |i: usize| tuner.filter(|_| side == Side::Send).map(|tu| tu.initial(i));
     let options = (0..channels as usize)
         .map(|i| SocketOptions {
             nodelay: false,
-            congestion: (side == Side::Send)
-                .then(|| t.cc_of(i))
-                .flatten()
-                .map(str::to_string),
+            congestion: match tuned(i) {
+                Some((cc, _)) => cc,
+                None => (side == Side::Send)
+                    .then(|| t.cc_of(i))
+                    .flatten()
+                    .map(str::to_string),
+            },
             send_buffer: (side == Side::Send).then_some(plan.request).flatten(),
             recv_buffer: (side == Side::Receive).then_some(plan.request).flatten(),
-            max_pacing_rate: (side == Side::Send)
-                .then(|| t.pace.get(i).copied().flatten())
-                .flatten(),
+            max_pacing_rate: match tuned(i) {
+                Some((_, cap)) if tuner.is_some_and(OnlineTuner::paces) => {
+                    Some(cap.unwrap_or(PACING_UNCAPPED))
+                }
+                _ => (side == Side::Send)
+                    .then(|| t.pace.get(i).copied().flatten())
+                    .flatten(),
+            },
             dmc_group: dmc_group
                 .clone()
                 .filter(|_| side == Side::Send && t.cc_of(i) == Some("dmctcp")),
@@ -112,15 +168,17 @@ pub fn local_plan(t: &Tuning, side: Side, channels: u16, host: &str) -> Result<L
 /// one that is not registered is registered first, for the life of this process, if the
 /// process may (root).
 pub fn check_congestion(t: &Tuning, host: &str) -> Result<()> {
-    if t.cc.is_empty() {
+    let meter = t.online.as_ref().and_then(|o| o.meter_cc.clone());
+    let names: Vec<String> = t.cc.iter().cloned().chain(meter).collect();
+    if names.is_empty() {
         return Ok(());
     }
     if cc::privileged() {
-        bundled::ensure_registered(&t.cc)
+        bundled::ensure_registered(&names)
             .map_err(|e| Error::Usage(format!("on the {host}: {e}")))?;
     }
     let cat = CcCatalog::read().map_err(Error::io("reading the available congestion controls"))?;
-    for name in &t.cc {
+    for name in &names {
         registry::check_usable(&cat, name, cc::privileged(), host).map_err(Error::Usage)?;
     }
     Ok(())

@@ -78,6 +78,12 @@ pub async fn connect(addr: SocketAddr, opts: &SocketOptions) -> io::Result<TcpSt
     sock.connect(addr).await
 }
 
+/// A `SO_MAX_PACING_RATE` that caps nothing but turns TCP's internal pacing on (any value
+/// but `u64::MAX` does: `sk_setsockopt` then sets `SK_PACING_NEEDED`): packets leave spread
+/// over the RTT at 2 × cwnd/srtt in slow start and 1.2 × in congestion avoidance, instead of
+/// in ACK-clocked bursts.
+pub const PACING_UNCAPPED: u64 = u64::MAX - 1;
+
 /// Caps the socket's pacing rate (bytes/s) with `SO_MAX_PACING_RATE`. The value is passed as
 /// a u64: a u32 would cap at about 34 Gbit/s. Works without the fq qdisc (TCP paces itself).
 pub fn set_max_pacing_rate(sock: &impl AsFd, bytes_per_sec: u64) -> io::Result<()> {

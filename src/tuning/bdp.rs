@@ -13,6 +13,17 @@ use super::sysctl::DirectionLimits;
 /// a queue of up to one BDP.
 pub const HEADROOM: f64 = 2.0;
 
+/// Bytes on the wire per segment besides its payload: IPv4 and TCP headers with the
+/// timestamp option (52) and the Ethernet header (14) that a bottleneck link counts.
+pub const WIRE_OVERHEAD: u32 = 66;
+
+/// The payload rate, bits/s, that a bottleneck of `wire_bps` carries in segments of `mss`
+/// bytes (1448 assumed when unknown): 956 Mbit/s of a 1 Gbit/s Ethernet link at MTU 1500.
+pub fn goodput_rate(wire_bps: u64, mss: u32) -> u64 {
+    let mss = if mss == 0 { 1448 } else { mss } as u64;
+    wire_bps * mss / (mss + WIRE_OVERHEAD as u64)
+}
+
 /// What the user chose with `--buffer`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BufferChoice {
@@ -214,6 +225,13 @@ mod tests {
                 max: autotune_max,
             },
         }
+    }
+
+    #[test]
+    fn goodput_is_the_wire_rate_net_of_headers() {
+        assert_eq!(goodput_rate(1_000_000_000, 1448), 956_406_869);
+        assert_eq!(goodput_rate(1_000_000_000, 0), 956_406_869);
+        assert_eq!(goodput_rate(10_000_000_000, 8948), 9_926_780_563);
     }
 
     #[test]

@@ -13,6 +13,11 @@ pub const CHANNELS: u16 = 4;
 /// Largest channel count accepted (a sanity bound, like iperf3's 128).
 pub const MAX_CHANNELS: u16 = 128;
 
+/// Most channels the online tuner grows a transfer to unless told otherwise: enough for a
+/// 10 Gbit/s × 250 ms path whose hosts cap each socket at a 4 MiB window (about 26 of them),
+/// few enough that a transfer cannot open a flood of connections on its own.
+pub const MAX_TUNED_CHANNELS: u16 = 32;
+
 /// Default block size: 4 MiB.
 ///
 /// The block is the unit of scheduling, checking, re-sending and resuming. 4 MiB amortizes

@@ -7,6 +7,8 @@ pub mod bundled;
 pub mod defaults;
 pub mod desync;
 pub mod doctor;
+pub mod estimate;
 pub mod models;
+pub mod online;
 pub mod registry;
 pub mod sysctl;

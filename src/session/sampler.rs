@@ -1,0 +1,216 @@
+//! The sending side's sampling thread: every [`SAMPLE_PERIOD`] it reads `TCP_INFO` of every
+//! data socket into the telemetry and, when the transfer is tuned online, feeds the
+//! [`PathEstimator`] and the [`OnlineTuner`] and carries out what the tuner decides (pacing
+//! caps and congestion controls on the sockets, releasing the channels held for the meter,
+//! asking the engine for more channels).
+//!
+//! A thread of its own, not a tokio task: a runtime worker can sit in one multi-megabyte
+//! `send` for a long time (on a busy 2-core host, a task-driven sampler was measured with gaps
+//! of up to 400 ms), and a tuner that decides from late samples decides late.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use tokio::sync::{mpsc, watch};
+
+use super::report::LiveStats;
+use super::telemetry::SAMPLE_PERIOD;
+use crate::channels::telemetry::{Sample, TcpSample, TunerReport};
+use crate::transport::cc::{congestion, set_congestion};
+use crate::transport::tcp::{set_max_pacing_rate, PACING_UNCAPPED};
+use crate::transport::tcp_info::tcp_info;
+use crate::tuning::estimate::PathEstimator;
+use crate::tuning::online::{Action, OnlineTuner};
+
+/// The online tuner of a transfer and the engine's ends of what it decides.
+pub struct OnlineControl {
+    /// The tuner.
+    pub tuner: OnlineTuner,
+    /// Set to true when the channels held while the meter runs may start.
+    pub release: Arc<watch::Sender<bool>>,
+    /// Channel counts the engine must add.
+    pub grow: mpsc::UnboundedSender<u16>,
+}
+
+struct Online {
+    ctl: OnlineControl,
+    estimator: PathEstimator,
+    /// What the tuner wants on channels that may not be open yet: pacing, congestion control.
+    pace: Vec<Option<Option<u64>>>,
+    cc: Vec<Option<String>>,
+}
+
+struct Shared {
+    stop: AtomicBool,
+    sockets: Mutex<Vec<Option<OwnedFd>>>,
+    online: Mutex<Option<Online>>,
+    live: Arc<LiveStats>,
+}
+
+/// A running sampler; stopped (and its thread joined) by [`Sampler::stop`] or on drop.
+pub struct Sampler {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Sampler {
+    /// Starts sampling into `live`, tuning online when `online` is given.
+    pub fn start(live: Arc<LiveStats>, online: Option<OnlineControl>) -> Sampler {
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            sockets: Mutex::new(Vec::new()),
+            online: Mutex::new(online.map(|ctl| Online {
+                ctl,
+                estimator: PathEstimator::new(),
+                pace: Vec::new(),
+                cc: Vec::new(),
+            })),
+            live,
+        });
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("hsxfer-sampler".into())
+            .spawn(move || run(&s))
+            .ok();
+        Sampler { shared, thread }
+    }
+
+    /// Starts sampling channel `index`'s socket (a duplicate of its descriptor, so it stays
+    /// readable after the channel closed), applying what the tuner already decided for it.
+    pub fn attach(&self, index: usize, sock: &impl AsFd) -> crate::Result<()> {
+        let fd = sock
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(crate::Error::io("duplicating a data socket for telemetry"))?;
+        if let Some(o) = self.shared.online.lock().expect("tuner lock").as_ref() {
+            if let Some(Some(name)) = o.cc.get(index) {
+                apply_cc(&self.shared.live, index, &fd, name);
+            }
+            if let Some(Some(rate)) = o.pace.get(index) {
+                apply_pace(&self.shared.live, index, &fd, *rate);
+            }
+        }
+        let mut sockets = self.shared.sockets.lock().expect("sampler sockets lock");
+        if sockets.len() <= index {
+            sockets.resize_with(index + 1, || None);
+        }
+        sockets[index] = Some(fd);
+        Ok(())
+    }
+
+    /// Stops sampling; returns what the online tuner learned and did, if there was one.
+    pub fn stop(mut self) -> Option<TunerReport> {
+        self.halt();
+        let online = self.shared.online.lock().expect("tuner lock");
+        online.as_ref().map(|o| o.ctl.tuner.report().clone())
+    }
+
+    fn halt(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+fn run(s: &Shared) {
+    let mut next = Instant::now();
+    while !s.stop.load(Ordering::Relaxed) {
+        next += SAMPLE_PERIOD;
+        let now = Instant::now();
+        if next > now {
+            std::thread::sleep(next - now);
+        } else {
+            // Late (the host is busy): sample now and keep the period from here.
+            next = now;
+        }
+        let t = s.live.elapsed();
+        let readings: Vec<Option<TcpSample>> = {
+            let sockets = s.sockets.lock().expect("sampler sockets lock");
+            sockets
+                .iter()
+                .map(|fd| fd.as_ref().and_then(|fd| tcp_info(fd).ok()))
+                .collect()
+        };
+        for (i, r) in readings.iter().enumerate() {
+            if let Some(tcp) = r {
+                s.live.telemetry.record(Sample {
+                    t,
+                    channel: i as u16,
+                    tcp: *tcp,
+                });
+            }
+        }
+        let mut online = s.online.lock().expect("tuner lock");
+        if let Some(o) = online.as_mut() {
+            let tick = o.estimator.observe(t, &readings);
+            let actions = o.ctl.tuner.on_tick(&o.estimator, &tick);
+            if !actions.is_empty() {
+                tracing::debug!("tuner at {t:.3} s: {actions:?}");
+                carry_out(s, o, actions);
+                s.live.telemetry.set_tuner(o.ctl.tuner.report().clone());
+            }
+        }
+    }
+}
+
+/// Carries out the tuner's decisions: on open sockets now, on the others when they attach.
+fn carry_out(s: &Shared, o: &mut Online, actions: Vec<Action>) {
+    let sockets = s.sockets.lock().expect("sampler sockets lock");
+    let open = |i: usize| sockets.get(i).and_then(Option::as_ref);
+    for a in actions {
+        match a {
+            Action::Pace { channel, rate } => {
+                if o.pace.len() <= channel {
+                    o.pace.resize(channel + 1, None);
+                }
+                o.pace[channel] = Some(rate);
+                if let Some(fd) = open(channel) {
+                    apply_pace(&s.live, channel, fd, rate);
+                }
+            }
+            Action::SetCc { channel, name } => {
+                if let Some(fd) = open(channel) {
+                    apply_cc(&s.live, channel, fd, &name);
+                }
+                if o.cc.len() <= channel {
+                    o.cc.resize(channel + 1, None);
+                }
+                o.cc[channel] = Some(name);
+            }
+            Action::Release => {
+                o.ctl.release.send_replace(true);
+            }
+            Action::AddChannels(n) => {
+                let _ = o.ctl.grow.send(n);
+            }
+        }
+    }
+}
+
+fn apply_pace(live: &LiveStats, channel: usize, fd: &OwnedFd, rate: Option<u64>) {
+    match set_max_pacing_rate(fd, rate.unwrap_or(PACING_UNCAPPED)) {
+        Ok(()) => live
+            .telemetry
+            .set_pace(channel, rate.map(|r| r.saturating_mul(8))),
+        Err(e) => tracing::warn!("pacing data channel {channel}: {e}"),
+    }
+}
+
+fn apply_cc(live: &LiveStats, channel: usize, fd: &OwnedFd, name: &str) {
+    if let Err(e) = set_congestion(fd, name) {
+        tracing::warn!("switching data channel {channel} to {name}: {e}");
+    }
+    if let Ok(now) = congestion(fd) {
+        live.telemetry.set_cc(channel, now);
+    }
+}

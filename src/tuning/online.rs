@@ -1,0 +1,746 @@
+//! Online tuning: what the sending side of a running transfer changes as it learns the path,
+//! so that the first copy over a path is fast too, without flags or a saved profile.
+//!
+//! Why pacing, and at what rate. On a long path with a tiny bottleneck queue, every
+//! loss-based congestion control is cut by its own bursts long before the pipe is full
+//! (Antony et al. 2003; Cui 2013 ch. 4): measured here at 1 Gbit/s × 60 ms with 64 packets,
+//! four unpaced cubic channels move 123 Mbit/s. Channels paced so that together they send
+//! just below the bottleneck rate never fill the queue, see no loss, and move 928 Mbit/s
+//! (97 % of the goodput ceiling) with the same cubic. The whole problem is knowing that rate
+//! before slow start overshoots: a slow start that overfills a tiny queue leaves every
+//! channel's window cut below its share, and cubic then needs many seconds to grow back.
+//!
+//! So a transfer whose rate is unknown begins with a **meter**. Every channel is paced at
+//! [`METER_GAIN`] × (what all channels delivered over the last round) / N: BBR's startup
+//! (Cardwell et al. 2016) run from user space over any congestion control. The channels send
+//! continuously at their caps instead of in slow start's ACK-clocked bursts (which overflow a
+//! tiny queue at half the path's window), and the rate doubles each round. The round after
+//! the caps pass the bottleneck rate, ACKs return at exactly that rate; the median of three
+//! 10 ms ticks of it is the estimate ([`PathEstimator::tick_rate_max`]). The overshoot costs
+//! one round of losses, and every channel, still in slow start with a window of about twice
+//! what it has in flight, keeps more than its share after the cut. The meter uses Reno
+//! ([`METER_CC`]) unless the user chose a congestion control: cubic's HyStart leaves slow
+//! start on a paced flow's long ACK trains, which would stall the ramp. Then every channel
+//! is capped at [`PACE_GAIN`] × rate / N and switched to the transfer's congestion control.
+//! Measured on that path: the meter ends 0.8 s after the first byte, within 2 % of the
+//! bottleneck, and the channels then move 929–945 Mbit/s without a loss.
+//!
+//! When the meter ends without proof that the path was full (a host's window held the
+//! channels back, the rate stopped growing below the caps, or it ran out of time), the rate
+//! stays unknown: channels run with TCP's pacing but no cap. The channel-count controller
+//! adds channels while they are held back by windows or by random loss and each added
+//! channel brings at least half an average channel's goodput; one addition that does not pay
+//! freezes the count. It never goes below the starting count.
+//!
+//! Pure: decisions come from [`PathEstimator`] readings and the time in them.
+
+use super::estimate::{PathEstimator, Tick};
+use crate::channels::control::Policy;
+use crate::channels::telemetry::{Decision, MeterEnd, TunerReport};
+
+/// Fraction of the bottleneck rate the channels' pacing caps add up to: low enough that an
+/// estimate a few percent high still leaves the queue empty, high enough to cost little.
+pub const PACE_GAIN: f64 = 0.97;
+
+/// Congestion control the meter uses when the user chose none: it has no HyStart, so it
+/// leaves slow start only at a loss (cubic's HyStart often leaves at half the path's window).
+pub const METER_CC: &str = "reno";
+
+/// Longest a meter runs, seconds (a long path needs about 11 RTTs to fill 1 Gbit/s).
+const METER_MAX_S: f64 = 4.0;
+/// The meter's cap is this many times what it delivered over the last round: BBR's startup
+/// gain 2/ln 2 (Cardwell et al. 2016), which doubles the rate each round although what a
+/// round delivers was sent a round earlier.
+const METER_GAIN: f64 = 2.89;
+/// A round that delivers less than this share of what was offered a round before shows the
+/// bottleneck full.
+const FULL_SHARE: f64 = 0.75;
+/// The sampler's period, seconds: the shortest span a rate is measured over.
+const TICK_S: f64 = 0.01;
+/// Rounds (RTTs, at least [`MIN_ROUND_S`] each) without 25 % growth that end a meter.
+const PLATEAU_ROUNDS: usize = 3;
+/// Shortest round for timing decisions on very short paths (the sampling tick is 10 ms).
+const MIN_ROUND_S: f64 = 0.02;
+/// A probe raises the caps' total by this factor at first, more after each probe that
+/// paid, up to [`PROBE_GAIN_MAX`].
+const PROBE_GAIN: f64 = 1.05;
+const PROBE_GAIN_MAX: f64 = 1.25;
+/// Seconds from a measured rate (or a lowered estimate) to the first probe above it, doubled
+/// after each probe that did not pay, up to [`PROBE_INTERVAL_MAX_S`]: a probe costs a loss on
+/// a tiny queue, so a good estimate is probed rarely.
+const PROBE_INTERVAL_S: f64 = 30.0;
+const PROBE_INTERVAL_MAX_S: f64 = 240.0;
+/// Rounds from the meter's end to the first probe when the measurement is in doubt.
+const FIRST_PROBE_ROUNDS: f64 = 8.0;
+/// A stretch without deliveries this long (seconds, or a third of a round) while the meter
+/// measures puts the measurement in doubt.
+const STALL_S: f64 = 0.02;
+/// Seconds from a lowered estimate to the next probe (competing traffic may leave).
+const PROBE_AFTER_CUT_S: f64 = 10.0;
+/// A loss while the channels send at this share of their caps or more is their own doing:
+/// the rate estimate is lowered by [`CUT`].
+const AT_CAPS: f64 = 0.9;
+const CUT: f64 = 0.98;
+/// A channel held back by its window is capped this much above what the window allows.
+const WINDOW_HEADROOM: f64 = 1.1;
+/// Caps are re-shared only when one moves by more than this fraction.
+const RESHARE_STEP: f64 = 0.03;
+/// Share of busy time a channel is held back by a window before more channels may help.
+const WINDOW_LIMITED: f64 = 0.3;
+/// Losses below the caps within [`LOSSY_SPAN_S`] that mark a path lossy (random loss).
+const LOSSY_LOSSES: usize = 3;
+const LOSSY_SPAN_S: f64 = 5.0;
+/// Seconds after a change (the meter's end, added channels) before a loss below the caps
+/// can count as random: channels still ramping up send below their caps.
+const SETTLE_S: f64 = 2.0;
+/// Goodput below this share of the caps is "below the caps" (not self-congestion).
+const BELOW_CAPS: f64 = 0.85;
+/// Shortest time between two changes of the channel count, seconds.
+const EPOCH_MIN_S: f64 = 2.0;
+/// An added channel must bring at least this share of an average channel's goodput.
+const MIN_GAIN_PER_CHANNEL: f64 = 0.5;
+
+/// What the tuner may change, fixed when the transfer starts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TunerConfig {
+    /// Channels the transfer opens with.
+    pub channels: u16,
+    /// Most channels the tuner may run (equal to `channels` when the user fixed the count).
+    pub max_channels: u16,
+    /// Bottleneck goodput rate known in advance (a profile or `--rate`), bytes/s: no meter.
+    pub known_rate: Option<f64>,
+    /// Whether the tuner sets pacing caps (false when the user gave `--pace`).
+    pub pace: bool,
+    /// Congestion control of the meter, when it differs from the transfer's.
+    pub meter_cc: Option<String>,
+    /// Congestion control of the transfer (what the meter switches to afterwards).
+    pub steady_cc: Option<String>,
+    /// Which congestion controls the tuner may switch to.
+    pub policy: Policy,
+    /// Whether BBR is usable on this host (for [`Policy::Fast`] on a lossy path).
+    pub bbr_usable: bool,
+}
+
+/// Something the sending side must do now.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Pace channel `channel`: at most `rate` bytes/s, or with TCP's own pacing and no cap
+    /// (`None`).
+    Pace {
+        /// Channel index (it may not be open yet: apply when it is).
+        channel: usize,
+        /// Cap in bytes/s.
+        rate: Option<u64>,
+    },
+    /// Switch channel `channel` to congestion control `name`.
+    SetCc {
+        /// Channel index.
+        channel: usize,
+        /// Congestion control.
+        name: String,
+    },
+    /// The channels held while the meter ran may start.
+    Release,
+    /// Open this many more channels.
+    AddChannels(u16),
+}
+
+/// Where the tuner stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// The first channel measures the path's rate; the others wait.
+    Meter,
+    /// All channels run; the tuner watches and may add channels.
+    Cruise,
+}
+
+/// A probe above the estimated rate.
+#[derive(Debug, Clone, Copy)]
+struct Probe {
+    since: f64,
+    before: f64,
+    gain: f64,
+    lost: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Growth {
+    before: f64,
+    channels_before: u16,
+    added: u16,
+}
+
+/// The online tuner of one transfer's sending side.
+#[derive(Debug, Clone)]
+pub struct OnlineTuner {
+    cfg: TunerConfig,
+    phase: Phase,
+    started: Option<f64>,
+    meter_loss_at: Option<f64>,
+    /// The meter's total pacing cap, bytes/s, and every one it had: `(since, bytes/s)`.
+    meter_cap: Option<f64>,
+    offered: Vec<(f64, f64)>,
+    /// Since when the meter's caps have held the channels back (their windows allow more).
+    binding_since: Option<f64>,
+    /// The meter's goodput, once per round: `(t, bytes/s)`.
+    rounds: Vec<(f64, f64)>,
+    rate: Option<f64>,
+    /// The per-channel caps in force, bytes/s, and when they were last re-shared.
+    caps: Vec<f64>,
+    last_share: f64,
+    probe: Option<Probe>,
+    probe_gain: f64,
+    probe_interval: f64,
+    next_probe: f64,
+    last_cut: f64,
+    /// The rate last written into the decisions.
+    reported_rate: f64,
+    /// Whether the meter's measurement may be low (the ACK stream stalled while it ran).
+    doubtful: bool,
+    channels: u16,
+    below_cap_losses: Vec<f64>,
+    last_change: f64,
+    growth: Option<Growth>,
+    frozen: bool,
+    report: TunerReport,
+}
+
+impl OnlineTuner {
+    /// A tuner for a transfer about to start. With a known rate it starts in
+    /// [`Phase::Cruise`]; otherwise the first channel meters the path.
+    pub fn new(cfg: TunerConfig) -> OnlineTuner {
+        let phase = if cfg.known_rate.is_some() {
+            Phase::Cruise
+        } else {
+            Phase::Meter
+        };
+        OnlineTuner {
+            phase,
+            started: None,
+            meter_loss_at: None,
+            meter_cap: None,
+            offered: Vec::new(),
+            binding_since: None,
+            rounds: Vec::new(),
+            rate: cfg.known_rate,
+            caps: Vec::new(),
+            last_share: 0.0,
+            probe: None,
+            probe_gain: PROBE_GAIN,
+            probe_interval: PROBE_INTERVAL_S,
+            next_probe: 0.0,
+            last_cut: 0.0,
+            reported_rate: cfg.known_rate.unwrap_or(0.0),
+            doubtful: false,
+            channels: cfg.channels,
+            below_cap_losses: Vec::new(),
+            last_change: 0.0,
+            growth: None,
+            frozen: false,
+            report: TunerReport {
+                rate_bps: cfg.known_rate.map(|r| (r * 8.0) as u64),
+                channels: cfg.channels,
+                ..Default::default()
+            },
+            cfg,
+        }
+    }
+
+    /// The current phase.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// Whether channels after the first must wait before sending (the meter runs).
+    pub fn holds_channels(&self) -> bool {
+        self.phase == Phase::Meter
+    }
+
+    /// What channel `i` must be set to before it opens: congestion control and pacing cap
+    /// (`None`: TCP's own pacing, no cap).
+    pub fn initial(&self, i: usize) -> (Option<String>, Option<u64>) {
+        let cc = match (self.phase, i) {
+            (Phase::Meter, 0) => self.cfg.meter_cc.clone().or(self.cfg.steady_cc.clone()),
+            _ => self.cfg.steady_cc.clone(),
+        };
+        (cc, self.cap())
+    }
+
+    /// Whether the tuner paces the channels (otherwise the user's `--pace` does).
+    pub fn paces(&self) -> bool {
+        self.cfg.pace
+    }
+
+    /// The per-channel pacing cap now, bytes/s (`None`: TCP's own pacing, no cap).
+    pub fn cap(&self) -> Option<u64> {
+        self.total()
+            .map(|total| (total / self.channels.max(1) as f64).ceil() as u64)
+    }
+
+    /// What all channels together may send now, bytes/s: [`PACE_GAIN`] × the rate, more
+    /// during a probe.
+    fn total(&self) -> Option<f64> {
+        let gain = self.probe.map_or(1.0, |p| p.gain);
+        self.rate.map(|r| PACE_GAIN * r * gain)
+    }
+
+    /// What the tuner learned and did so far.
+    pub fn report(&self) -> &TunerReport {
+        &self.report
+    }
+
+    /// Decides what to change after one sampling tick.
+    pub fn on_tick(&mut self, est: &PathEstimator, tick: &Tick) -> Vec<Action> {
+        let t = tick.t;
+        let started = *self.started.get_or_insert(t);
+        match self.phase {
+            Phase::Meter => self.meter(est, tick, started),
+            Phase::Cruise => self.cruise(est, tick),
+        }
+    }
+
+    fn round(est: &PathEstimator) -> f64 {
+        est.rtt_or_default().max(MIN_ROUND_S)
+    }
+
+    fn meter(&mut self, est: &PathEstimator, tick: &Tick, started: f64) -> Vec<Action> {
+        let t = tick.t;
+        let round = Self::round(est);
+        if tick.new_losses.contains(&0) && self.meter_loss_at.is_none() {
+            self.meter_loss_at = Some(t);
+        }
+        let delivered = est.goodput(round.max(2.0 * TICK_S)).unwrap_or(0.0);
+        // What the last round delivered was sent a round before: the least the cap allowed
+        // over that earlier round.
+        let offered = self.offered_between(t - 2.0 * round, t - round);
+        // Only a cap that held the channel back for a whole round proves anything: before
+        // that, slow start's window limits it.
+        let binding = match (self.meter_cap, est.latest(0)) {
+            (Some(cap), Some(s)) if s.rtt_us > 0 => {
+                s.cwnd as f64 * s.mss as f64 / (s.rtt_us as f64 / 1e6) >= cap
+            }
+            _ => false,
+        };
+        if !binding {
+            self.binding_since = None;
+        } else if self.binding_since.is_none() {
+            self.binding_since = Some(t);
+        }
+        let capped = offered.is_some_and(|o| delivered < FULL_SHARE * o)
+            && self.binding_since.is_some_and(|since| t - since >= round);
+        // After the first loss the ACKs of one more round still come back at the bottleneck's
+        // rate (they are for what was sent while it overflowed): measure over two rounds, so
+        // that a stall of the ACK stream does not hide it.
+        if let Some(at) = self.meter_loss_at {
+            if t - at < 2.0 * round {
+                return self.hold_meter(est, at - round / 2.0);
+            }
+        }
+        let (end, rate) = if let Some(at) = self.meter_loss_at {
+            self.doubtful = est.longest_stall(0, at - round) > STALL_S.max(round / 3.0);
+            (
+                MeterEnd::Full,
+                Some(est.channel_rate_since(0, at - round / 2.0)),
+            )
+        } else if est.window_limited(0, round) > 0.5 && t - started > 4.0 * round {
+            (MeterEnd::WindowLimited, None)
+        } else if capped {
+            // Far less delivered than offered for a round: the bottleneck is full (a deep
+            // queue absorbs the excess without a loss).
+            (MeterEnd::Full, Some(est.channel_rate_since(0, t - round)))
+        } else if self.plateaued(est, t, round) {
+            // Growth stopped below the cap: a limit of a host (CPU, disk, application).
+            (MeterEnd::Plateau, None)
+        } else if t - started > METER_MAX_S {
+            (MeterEnd::Timeout, None)
+        } else {
+            return self.ramp_meter(t, delivered);
+        };
+        let rate = rate.filter(|r| *r > 0.0);
+        self.report.meter = Some(end);
+        self.phase = Phase::Cruise;
+        self.last_change = t;
+        let reached = est.max_goodput(round, started).unwrap_or(0.0);
+        let mut actions = Vec::new();
+        let why = match (end, rate) {
+            (MeterEnd::Full, Some(reached)) => {
+                self.rate = Some(reached);
+                self.reported_rate = reached;
+                // A stall of the ACK stream during the measurement hides the bottleneck's
+                // rate: then an early probe checks it. Otherwise probes are rare: on a tiny
+                // queue each costs a loss.
+                self.next_probe = t + if self.doubtful {
+                    FIRST_PROBE_ROUNDS * round
+                } else {
+                    PROBE_INTERVAL_S
+                };
+                self.report.rate_bps = Some((reached * 8.0) as u64);
+                format!(
+                    "the meter filled the path: bottleneck {:.1} Mbit/s; pacing {} channels at {:.1} Mbit/s each",
+                    reached * 8e-6,
+                    self.channels,
+                    self.cap().unwrap_or(0) as f64 * 8e-6
+                )
+            }
+            (MeterEnd::Full, None) => format!(
+                "the meter filled the path but saw too few samples to measure it ({:.1} Mbit/s): no pacing cap",
+                reached * 8e-6
+            ),
+            (MeterEnd::WindowLimited, _) => format!(
+                "a host's window held the meter at {:.1} Mbit/s: the path's rate is unknown, no pacing cap",
+                reached * 8e-6
+            ),
+            (MeterEnd::Plateau, _) => format!(
+                "the meter's rate stopped growing at {:.1} Mbit/s without filling the path: no pacing cap",
+                reached * 8e-6
+            ),
+            (MeterEnd::Timeout, _) => format!(
+                "the meter did not fill the path in {METER_MAX_S} s ({:.1} Mbit/s): no pacing cap",
+                reached * 8e-6
+            ),
+        };
+        if self.cfg.pace {
+            actions.extend(self.pace_all());
+        }
+        if let (Some(m), Some(s)) = (&self.cfg.meter_cc, &self.cfg.steady_cc) {
+            if m != s {
+                actions.push(Action::SetCc {
+                    channel: 0,
+                    name: s.clone(),
+                });
+            }
+        }
+        actions.push(Action::Release);
+        self.decide(t - started, why);
+        actions
+    }
+
+    /// The lowest total cap the meter had between `from` and `to`; `None` unless a cap was
+    /// in force at `from` already.
+    fn offered_between(&self, from: f64, to: f64) -> Option<f64> {
+        let at_from = self.offered.iter().rev().find(|(at, _)| *at <= from)?.1;
+        let later = self
+            .offered
+            .iter()
+            .filter(|(at, _)| *at > from && *at <= to)
+            .map(|(_, c)| *c);
+        Some(later.fold(at_from, f64::min))
+    }
+
+    /// After the meter's first loss: stops raising the caps and brings them down to the most
+    /// the path delivered, so the channels stop overfilling it while the round is measured.
+    fn hold_meter(&mut self, est: &PathEstimator, since: f64) -> Vec<Action> {
+        let most = est.channel_rate_since(0, since);
+        if !self.cfg.pace || most <= 0.0 || self.meter_cap.is_some_and(|c| c <= most) {
+            return Vec::new();
+        }
+        self.meter_cap = Some(most);
+        vec![Action::Pace {
+            channel: 0,
+            rate: Some(most.ceil() as u64),
+        }]
+    }
+
+    /// Raises the channels' caps to [`METER_GAIN`] × what they delivered over the last round,
+    /// shared equally.
+    fn ramp_meter(&mut self, t: f64, delivered: f64) -> Vec<Action> {
+        if !self.cfg.pace || delivered <= 0.0 {
+            return Vec::new();
+        }
+        let want = METER_GAIN * delivered;
+        if self.meter_cap.is_some_and(|c| want < 1.05 * c) {
+            return Vec::new();
+        }
+        self.meter_cap = Some(want);
+        self.offered.push((t, want));
+        vec![Action::Pace {
+            channel: 0,
+            rate: Some(want.ceil() as u64),
+        }]
+    }
+
+    /// True when the meter's goodput, taken once per round, grew less than 25 % over the
+    /// last [`PLATEAU_ROUNDS`] rounds (BBR's full-pipe test).
+    fn plateaued(&mut self, est: &PathEstimator, t: f64, round: f64) -> bool {
+        if self.rounds.last().is_some_and(|(at, _)| t - at < round) {
+            return false;
+        }
+        let Some(g) = est.goodput(round) else {
+            return false;
+        };
+        self.rounds.push((t, g));
+        let n = self.rounds.len();
+        // Slow start's first rounds deliver little and unevenly: judge only from the fifth.
+        n > PLATEAU_ROUNDS + 4 && g > 0.0 && g < 1.25 * self.rounds[n - 1 - PLATEAU_ROUNDS].1
+    }
+
+    fn cruise(&mut self, est: &PathEstimator, tick: &Tick) -> Vec<Action> {
+        let t = tick.t;
+        let since_start = t - self.started.unwrap_or(t);
+        let round = Self::round(est);
+        let mut actions = Vec::new();
+        // Losses while the channels send well below their caps, once they have settled and
+        // a round apart, are not caused by them.
+        let settled = t - self.last_change >= SETTLE_S.max(20.0 * round);
+        let apart = self
+            .below_cap_losses
+            .last()
+            .is_none_or(|at| t - at >= round);
+        if let (Some(total), false, true, true) =
+            (self.total(), tick.new_losses.is_empty(), settled, apart)
+        {
+            let goodput = est.goodput(round).unwrap_or(0.0);
+            if goodput < BELOW_CAPS * total {
+                self.below_cap_losses.push(t);
+            }
+        }
+        if self.cfg.pace {
+            self.control_rate(est, tick, round);
+        }
+        self.below_cap_losses.retain(|at| t - at <= LOSSY_SPAN_S);
+        if !self.report.lossy && self.below_cap_losses.len() >= LOSSY_LOSSES {
+            self.report.lossy = true;
+            self.rate = None;
+            let mut why =
+                "losses while the channels sent below the path's rate: random loss, caps removed"
+                    .to_string();
+            if self.cfg.pace {
+                actions.extend(self.pace_all());
+            }
+            if self.cfg.policy == Policy::Fast && self.cfg.bbr_usable {
+                why.push_str(
+                    "; switching to bbr (--policy fast), which does not back off on random loss",
+                );
+                for channel in 0..self.channels as usize {
+                    actions.push(Action::SetCc {
+                        channel,
+                        name: "bbr".into(),
+                    });
+                }
+            }
+            self.decide(since_start, why);
+        }
+        actions.extend(self.reshare(est, t, round));
+        let epoch = EPOCH_MIN_S.max(16.0 * round);
+        if t - self.last_change < epoch {
+            return actions;
+        }
+        if let Some(g) = self.growth.take() {
+            let after = est.goodput(epoch).unwrap_or(0.0);
+            let per_added = (after - g.before) / g.added as f64;
+            let per_channel = g.before / g.channels_before as f64;
+            let paid = per_added >= MIN_GAIN_PER_CHANNEL * per_channel;
+            self.decide(
+                since_start,
+                format!(
+                    "{} channels: {:.1} Mbit/s, was {:.1} with {}: {}",
+                    self.channels,
+                    after * 8e-6,
+                    g.before * 8e-6,
+                    g.channels_before,
+                    if paid {
+                        "the added channels paid"
+                    } else {
+                        "the added channels did not pay, the count stays"
+                    }
+                ),
+            );
+            self.frozen = !paid;
+            self.last_change = t;
+            return actions;
+        }
+        if self.frozen || self.channels >= self.cfg.max_channels {
+            return actions;
+        }
+        let Some(goodput) = est.goodput(epoch) else {
+            return actions;
+        };
+        let n = self.channels as usize;
+        let limited = (0..n).map(|i| est.window_limited(i, epoch)).sum::<f64>() / n as f64;
+        let short_of_rate = self.rate.is_none_or(|r| goodput < 0.9 * PACE_GAIN * r);
+        let why = if limited > WINDOW_LIMITED {
+            format!(
+                "channels held back by a window {:.0} % of the time",
+                limited * 100.0
+            )
+        } else if self.report.lossy {
+            "random loss keeps each channel's window small".into()
+        } else {
+            return actions;
+        };
+        if !short_of_rate {
+            return actions;
+        }
+        let add = (self.channels / 2)
+            .max(1)
+            .min(self.cfg.max_channels - self.channels);
+        self.growth = Some(Growth {
+            before: goodput,
+            channels_before: self.channels,
+            added: add,
+        });
+        self.channels += add;
+        self.report.channels = self.channels;
+        self.last_change = t;
+        self.decide(
+            since_start,
+            format!(
+                "{why} at {:.1} Mbit/s: adding {add} channel(s) to {}",
+                goodput * 8e-6,
+                self.channels
+            ),
+        );
+        actions.push(Action::AddChannels(add));
+        if self.cfg.pace {
+            actions.extend(self.pace_all());
+        }
+        actions
+    }
+
+    fn pace_all(&mut self) -> Vec<Action> {
+        let rate = self.cap();
+        self.caps = vec![rate.map_or(f64::INFINITY, |r| r as f64); self.channels as usize];
+        (0..self.channels as usize)
+            .map(|channel| Action::Pace { channel, rate })
+            .collect()
+    }
+
+    /// Keeps the estimated rate honest while the channels run at their caps: a loss at the
+    /// caps lowers it (it was high, or other traffic arrived); after a while at the caps
+    /// without a loss, a probe raises the caps for two rounds and keeps what the path
+    /// delivered if it took more (the estimate was low, or other traffic left). Probes that do
+    /// not pay come less and less often.
+    fn control_rate(&mut self, est: &PathEstimator, tick: &Tick, round: f64) {
+        let (Some(rate), Some(total)) = (self.rate, self.total()) else {
+            return;
+        };
+        let t = tick.t;
+        let delivered = est.goodput(round.max(2.0 * TICK_S)).unwrap_or(0.0);
+        let lost = !tick.new_losses.is_empty();
+        if let Some(mut p) = self.probe {
+            p.lost |= lost;
+            self.probe = Some(p);
+            if t - p.since >= 2.0 * round {
+                // The last round's deliveries were sent during the probe's first round.
+                self.probe = None;
+                let grew = delivered >= p.before * (1.0 + (p.gain - 1.0) / 2.0);
+                if grew && !p.lost {
+                    // The path took all of it: keep the caps there and probe higher soon.
+                    self.rate = Some(rate.max(delivered / PACE_GAIN));
+                    self.probe_gain = (self.probe_gain * 2.0 - 1.0).min(PROBE_GAIN_MAX);
+                    self.next_probe = t + 4.0 * round;
+                } else {
+                    // It did not take more, or overflowed: the estimate stays.
+                    self.probe_gain = PROBE_GAIN;
+                    self.next_probe = t + self.probe_interval;
+                    self.probe_interval = (self.probe_interval * 2.0).min(PROBE_INTERVAL_MAX_S);
+                }
+                self.last_share = f64::NEG_INFINITY;
+            }
+        } else if lost && delivered >= AT_CAPS * total && t - self.last_cut >= round {
+            self.rate = Some(rate * CUT);
+            self.last_cut = t;
+            self.next_probe = self.next_probe.min(t + PROBE_AFTER_CUT_S);
+            self.last_share = f64::NEG_INFINITY;
+        } else if !lost
+            && t >= self.next_probe
+            && delivered >= 0.95 * total
+            && est.last_loss_at().is_none_or(|at| t - at >= 4.0 * round)
+        {
+            self.probe = Some(Probe {
+                since: t,
+                before: delivered,
+                gain: self.probe_gain,
+                lost: false,
+            });
+            self.last_share = f64::NEG_INFINITY;
+        }
+        if let Some(r) = self.rate {
+            self.report.rate_bps = Some((r * 8.0) as u64);
+            if (r - self.reported_rate).abs() > 0.05 * self.reported_rate {
+                let was = self.reported_rate;
+                self.reported_rate = r;
+                let since = t - self.started.unwrap_or(t);
+                self.decide(
+                    since,
+                    format!(
+                        "bottleneck estimate {:.1} Mbit/s (was {:.1}): {}",
+                        r * 8e-6,
+                        was * 8e-6,
+                        if r > was {
+                            "a probe above it was delivered"
+                        } else {
+                            "losses at the caps"
+                        }
+                    ),
+                );
+            }
+        }
+    }
+
+    /// Re-shares the caps once a round: a channel its window holds below an equal share (a
+    /// loss cut it, or it is still growing) leaves the rest to the others, so together they
+    /// still send at [`PACE_GAIN`] × rate.
+    fn reshare(&mut self, est: &PathEstimator, t: f64, round: f64) -> Vec<Action> {
+        let Some(total) = self.total().filter(|_| self.cfg.pace) else {
+            return Vec::new();
+        };
+        if t - self.last_share < round {
+            return Vec::new();
+        }
+        self.last_share = t;
+        // What each window allows over the next round: a channel in slow start doubles it.
+        let allowed: Vec<f64> = (0..self.channels as usize)
+            .map(|i| match est.latest(i) {
+                Some(s) if s.rtt_us > 0 => {
+                    let growth = if s.cwnd < s.ssthresh { 2.0 } else { 1.0 };
+                    growth * s.cwnd as f64 * s.mss as f64 / (s.rtt_us as f64 / 1e6)
+                }
+                _ => f64::INFINITY,
+            })
+            .collect();
+        let caps = share_caps(total, &allowed);
+        self.caps.resize(caps.len(), f64::INFINITY);
+        let mut actions = Vec::new();
+        for (channel, cap) in caps.into_iter().enumerate() {
+            let old = self.caps[channel];
+            if (cap - old).abs() > RESHARE_STEP * old.min(cap) {
+                self.caps[channel] = cap;
+                actions.push(Action::Pace {
+                    channel,
+                    rate: Some(cap.ceil() as u64),
+                });
+            }
+        }
+        actions
+    }
+
+    fn decide(&mut self, t: f64, what: String) {
+        self.report.decisions.push(Decision { t, what });
+    }
+}
+
+/// Shares a `total` rate among channels whose windows allow `allowed[i]` (bytes/s) the
+/// max-min fair way: a channel whose window allows less than an equal share of what is left
+/// gets what it allows and [`WINDOW_HEADROOM`] more (room to grow; its window holds it
+/// back anyway), and the others share the rest equally.
+pub fn share_caps(total: f64, allowed: &[f64]) -> Vec<f64> {
+    let mut order: Vec<usize> = (0..allowed.len()).collect();
+    order.sort_by(|a, b| allowed[*a].total_cmp(&allowed[*b]));
+    let mut caps = vec![0.0; allowed.len()];
+    let mut left = total;
+    for (k, &i) in order.iter().enumerate() {
+        let equal = left / (order.len() - k) as f64;
+        let want = allowed[i] * WINDOW_HEADROOM;
+        if want < equal {
+            caps[i] = want;
+            left -= want;
+        } else {
+            for &j in &order[k..] {
+                caps[j] = equal;
+            }
+            break;
+        }
+    }
+    caps
+}
