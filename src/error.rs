@@ -2,11 +2,14 @@
 //! what to do.
 
 use std::io;
+use std::net::IpAddr;
 
 use crate::channels::Violation;
 use crate::fsio::dest::DestError;
 use crate::fsio::root::RootError;
 use crate::fsio::source::SourceError;
+use crate::transport::cc::NotInForce;
+use crate::transport::route;
 
 /// Everything that can end a transfer or a server session.
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +63,19 @@ pub enum Error {
     /// A path was refused by the server's confinement.
     #[error(transparent)]
     Root(#[from] RootError),
+    /// A sending data channel runs another congestion control than the one asked for, even
+    /// after it was set again once connected: a route's `congctl lock` forces its own.
+    #[error("{}", cc_not_in_force(.host, .peer, .mismatch, .route))]
+    CcNotInForce {
+        /// The end that sends: "client" or "server".
+        host: &'static str,
+        /// The channel's peer address.
+        peer: IpAddr,
+        /// What was asked, what is in force, and the kernel's refusal.
+        mismatch: NotInForce,
+        /// The route toward the peer as `ip route get` shows it, or why it could not be had.
+        route: io::Result<String>,
+    },
     /// A step took too long.
     #[error("timed out {0}")]
     Timeout(&'static str),
@@ -86,3 +102,81 @@ impl Error {
 
 /// Result with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The message of [`Error::CcNotInForce`]: the route's `congctl lock` when `ip route get`
+/// shows one; otherwise what the kernel said, and what the route shows or why it is not known.
+fn cc_not_in_force(
+    host: &str,
+    peer: &IpAddr,
+    m: &NotInForce,
+    shown: &io::Result<String>,
+) -> String {
+    let asked = format!("congestion control {} was asked for but", m.asked);
+    let congctl = shown.as_ref().ok().and_then(|r| route::congctl(r));
+    match (congctl, shown) {
+        (Some(c), _) if c.starts_with("congctl lock ") => format!(
+            "{asked} the {host}'s route to {peer} forces {} (ip route get {peer} shows \"{c}\"): \
+             remove the lock or run without --cc",
+            m.in_force
+        ),
+        (_, Ok(_)) => format!(
+            "{asked} on the {host}'s data channel to {peer} {m}, and ip route get {peer} shows no \
+             \"congctl lock\": run without --cc"
+        ),
+        (_, Err(e)) => format!(
+            "{asked} on the {host}'s data channel to {peer} {m}; a route with \"congctl lock {}\" \
+             does this (`ip route get {peer}` failed: {e}): remove the lock or run without --cc",
+            m.in_force
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn locked(route: io::Result<String>) -> String {
+        Error::CcNotInForce {
+            host: "server",
+            peer: [10, 0, 0, 2].into(),
+            mismatch: NotInForce {
+                asked: "reno".into(),
+                in_force: "cubic".into(),
+                refused: Some(io::Error::from_raw_os_error(libc::EPERM)),
+            },
+            route,
+        }
+        .to_string()
+    }
+
+    #[test]
+    fn a_forced_congestion_control_names_the_route_or_says_why_it_cannot() {
+        let shown = "10.0.0.2 dev eth0 src 10.0.0.1 uid 0 cache congctl lock cubic";
+        assert_eq!(
+            locked(Ok(shown.into())),
+            "congestion control reno was asked for but the server's route to 10.0.0.2 forces \
+             cubic (ip route get 10.0.0.2 shows \"congctl lock cubic\"): remove the lock or run \
+             without --cc"
+        );
+        let missing = locked(Err(io::Error::from_raw_os_error(libc::ENOENT)));
+        assert!(
+            missing.starts_with(
+                "congestion control reno was asked for but on the server's data channel to \
+                 10.0.0.2 cubic stays in force (setting reno again: Operation not permitted"
+            ) && missing.ends_with(
+                "; a route with \"congctl lock cubic\" does this (`ip route get 10.0.0.2` failed: \
+                 No such file or directory (os error 2)): remove the lock or run without --cc"
+            ),
+            "{missing}"
+        );
+        let unlocked = locked(Ok("10.0.0.2 dev eth0 cache congctl cubic".into()));
+        assert!(
+            unlocked.ends_with(
+                "(setting reno again: Operation not permitted (os error 1)), and ip route get \
+                 10.0.0.2 shows no \"congctl lock\": run without --cc"
+            ),
+            "{unlocked}"
+        );
+        assert!(!missing.contains('\n') && !unlocked.contains('\n'));
+    }
+}

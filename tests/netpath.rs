@@ -1,7 +1,8 @@
 //! Transport settings checked with real transfers through a namespace bottleneck (TBF +
-//! drop-tail `pfifo`): congestion control per channel, buffer sizes against the plan and
-//! its clamp warning, pacing caps, staggered starts, loss events. Needs root; prints SKIPPED
-//! otherwise (CI runs as root).
+//! drop-tail `pfifo`): congestion control per channel (also over a route's `congctl`, and
+//! refused under `congctl lock`), buffer sizes against the plan and its clamp warning, pacing
+//! caps, staggered starts, loss events. Needs root; prints SKIPPED otherwise (CI runs as
+//! root).
 
 mod common;
 
@@ -10,7 +11,7 @@ use std::process::{Output, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use common::netns::{root_or_skip, Dumbbell, ServerProc, RECEIVER};
+use common::netns::{root_or_skip, Dumbbell, ServerProc, RECEIVER, SENDER};
 use serde_json::Value;
 
 /// One bottleneck test at a time: they measure rates on a 2-core machine.
@@ -186,6 +187,106 @@ fn each_channel_runs_the_congestion_control_asked_for_in_both_directions() {
             )) && !err.contains("cc load"),
             "{err}"
         );
+    }
+}
+
+#[test]
+fn a_route_congctl_gives_way_to_the_congestion_control_asked_for_in_both_directions() {
+    if !root_or_skip("route congctl") {
+        return;
+    }
+    let _g = lock();
+    let p = path(200, 100);
+    // Push: the sender's route names cubic, which the kernel applies at connect over the reno
+    // set before it; the client sets reno again. The control connection keeps the route's.
+    p.net.congctl_route("s", &["cubic"]);
+    let dst = format!("dst {RECEIVER}:{PORT}");
+    let (ev, ss) = p.bench_with_ss(
+        &["-n", "2", "--cc", "reno", "--time", "2"],
+        "s",
+        &["-tinH", &dst],
+        Duration::from_millis(1200),
+    );
+    assert_eq!(channel_field(summary(&ev), "cc"), ["reno", "reno"]);
+    let algs = ss_algorithms(&ss);
+    assert_eq!(
+        (count(&algs, "reno"), count(&algs, "cubic")),
+        (2, 1),
+        "{ss}"
+    );
+
+    // Pull: the server's accepted sockets get its route's cubic; it sets reno again.
+    p.net.congctl_route("d", &["cubic"]);
+    let src = format!("src {RECEIVER}:{PORT}");
+    let (ev, ss) = p.bench_with_ss(
+        &["-R", "-n", "2", "--cc", "reno", "--time", "2"],
+        "d",
+        &["-tinH", &src],
+        Duration::from_millis(1200),
+    );
+    assert_eq!(channel_field(summary(&ev), "cc"), ["reno", "reno"]);
+    let algs = ss_algorithms(&ss);
+    assert_eq!(
+        (count(&algs, "reno"), count(&algs, "cubic")),
+        (2, 1),
+        "{ss}"
+    );
+}
+
+/// Bytes sent so far by `host`'s interfaces other than loopback (`/proc/net/dev`).
+fn tx_bytes(net: &Dumbbell, host: &str) -> u64 {
+    let out = net
+        .command(host, "cat")
+        .arg("/proc/net/dev")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(dev, _)| dev.trim() != "lo")
+        .map(|(_, v)| v.split_whitespace().nth(8).unwrap().parse::<u64>().unwrap())
+        .sum()
+}
+
+#[test]
+fn a_locked_route_congctl_stops_the_transfer_before_data_moves_in_both_directions() {
+    if !root_or_skip("route congctl lock") {
+        return;
+    }
+    let _g = lock();
+    let p = path(200, 100);
+    for (dir, host, side, peer) in [
+        (None, "s", "client", RECEIVER),
+        (Some("-R"), "d", "server", SENDER),
+    ] {
+        p.net.congctl_route(host, &["lock", "cubic"]);
+        let sent = tx_bytes(&p.net, host);
+        let mut args = p.bench_args(&["-n", "2", "--cc", "reno", "--time", "2"]);
+        args.splice(1..1, dir.map(String::from));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = p.net.client(&args);
+        let moved = tx_bytes(&p.net, host) - sent;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{dir:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{dir:?}: {err}");
+        assert!(
+            err.contains(&format!(
+                "congestion control reno was asked for but the {side}'s route to {peer} forces \
+                 cubic (ip route get {peer} shows \"congctl lock cubic\"): remove the lock or \
+                 run without --cc"
+            )),
+            "{dir:?}: {err}"
+        );
+        // Handshakes, pings and the abort only: one block is 4 MiB.
+        assert!(moved < 64 << 10, "{dir:?}: the {side} sent {moved} bytes");
+
+        // The server serves on, and the algorithm the route locks may be asked for (setting
+        // even that one fails under the lock, so it must not be set again).
+        let mut args = vec!["-n", "2", "--cc", "cubic", "--time", "1"];
+        args.extend(dir);
+        let ev = p.bench(&args);
+        assert_eq!(channel_field(summary(&ev), "cc"), ["cubic", "cubic"]);
     }
 }
 

@@ -15,7 +15,9 @@ use super::report::{LiveStats, SideOutcome, TransferReport, TuningReport};
 use super::sampler::{OnlineControl, Sampler};
 use super::sender::{FaultInjection, SendEngine};
 use super::source::{BenchLimit, SendSource};
-use super::tuning::{check_congestion, local_plan, online_tuner, read_setup, Side};
+use super::tuning::{
+    check_congestion, enforce_congestion, local_plan, online_tuner, read_setup, Side,
+};
 use super::wire::{ControlReader, ControlWriter};
 use super::{Auth, DEFAULT_PORT};
 use crate::channels::control::{
@@ -430,6 +432,16 @@ impl Client {
         channels.sort_by_key(|c| c.0);
         let channels: Vec<TcpStream> = channels.into_iter().map(|c| c.1).collect();
         if we_send {
+            let enforced = channels
+                .iter()
+                .enumerate()
+                .try_for_each(|(i, c)| enforce_congestion(c, i, &plan.options[i], "client"));
+            if let Err(e) = enforced {
+                let (r, w) = ctrl.split();
+                ControlWriter::new(w).abort(&e).await;
+                ControlReader::new(r).linger_until_closed().await;
+                return Err(e);
+            }
             if let Some(g) = &plan.dmc_group {
                 live.telemetry.set_group(g.clone());
             }

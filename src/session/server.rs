@@ -17,7 +17,7 @@ use super::report::LiveStats;
 use super::sampler::{OnlineControl, Sampler};
 use super::sender::{FaultInjection, SendEngine};
 use super::source::SendSource;
-use super::tuning::{local_plan, online_tuner, read_setup, LocalPlan, Side};
+use super::tuning::{enforce_congestion, local_plan, online_tuner, read_setup, LocalPlan, Side};
 use super::wire::{ControlReader, ControlWriter};
 use super::Auth;
 use crate::channels::auth::{self, Hello, SessionId, SessionKey, TokenKey};
@@ -27,7 +27,7 @@ use crate::fsio::dest::Destination;
 use crate::fsio::root::Scope;
 use crate::fsio::source::SourceTree;
 use crate::session::client::{bench_limit, TransferOptions};
-use crate::transport;
+use crate::transport::{self, SocketOptions};
 
 /// How long a server waits for all data channels of a session to join.
 pub const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -237,6 +237,7 @@ async fn control(
     let live = Arc::new(LiveStats::new(channels.len()));
     if let Err(e) = apply_plan(&channels, &plan, &req, &role, &live) {
         w.abort(&e).await;
+        r.linger_until_closed().await;
         return Err(e);
     }
     let (block_size, faults) = (req.block_size, state.faults);
@@ -299,7 +300,8 @@ async fn control(
 }
 
 /// Applies this end's socket options to the joined data channels; on the sending side,
-/// records the settings in force and starts keeping a trace if the client wants one.
+/// makes each run the congestion control asked for, records the settings in force and
+/// starts keeping a trace if the client wants one.
 fn apply_plan(
     channels: &[TcpStream],
     plan: &LocalPlan,
@@ -318,8 +320,16 @@ fn apply_plan(
     }
     for (i, (c, opts)) in channels.iter().zip(&plan.options).enumerate() {
         c.set_nodelay(false).ok();
-        opts.apply(c)
+        // The congestion control last, after the dmctcp tag, and only if the route's differs:
+        // under `congctl lock` even setting the algorithm in force fails.
+        let others = SocketOptions {
+            congestion: None,
+            ..opts.clone()
+        };
+        others
+            .apply(c)
             .map_err(Error::io(format!("configuring data channel {i}")))?;
+        enforce_congestion(c, i, opts, "server")?;
         if matches!(role, Role::Send(_)) {
             live.telemetry
                 .set_setup(read_setup(c, i, opts, stagger[i])?);

@@ -6,6 +6,8 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::net::TcpStream;
+
 use crate::channels::control::{Policy, Tuning};
 use crate::channels::telemetry::ChannelSetup;
 use crate::error::{Error, Result};
@@ -203,4 +205,37 @@ pub fn read_setup(
         stagger_s: stagger.as_secs_f64(),
         started_s: None,
     })
+}
+
+/// Makes sending channel `index` run the congestion control planned for it, if one was: a
+/// route's `congctl` replaces at connect (and accept) the one set before, so it is set again.
+/// When the route locks its own (`congctl lock`), the transfer stops before any data moves,
+/// with an error naming the route (`host`: this end, "client" or "server").
+pub fn enforce_congestion(
+    sock: &TcpStream,
+    index: usize,
+    opts: &SocketOptions,
+    host: &'static str,
+) -> Result<()> {
+    let Some(name) = &opts.congestion else {
+        return Ok(());
+    };
+    let ctx = || format!("checking the congestion control of data channel {index}");
+    match cc::match_congestion(sock, name) {
+        Ok(()) => Ok(()),
+        Err(cc::MatchError::Read(e)) => Err(Error::io(ctx())(e)),
+        Err(cc::MatchError::NotInForce(mismatch)) => {
+            let peer = sock
+                .peer_addr()
+                .map_err(Error::io(ctx()))?
+                .ip()
+                .to_canonical();
+            Err(Error::CcNotInForce {
+                host,
+                peer,
+                mismatch,
+                route: crate::transport::route::show(peer),
+            })
+        }
+    }
 }

@@ -1,6 +1,7 @@
 //! Async reading and writing of the sans-IO codecs over tokio streams.
 
 use std::io;
+use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -9,6 +10,10 @@ use crate::channels::control::{self, Message};
 use crate::channels::frame::{BlockCheck, BlockHeader, DigestKey, HEADER_LEN, PIECE, TRAILER_LEN};
 use crate::channels::Digest;
 use crate::error::{Error, Result};
+
+/// How long an end that aborted a session before any data moved waits for the peer to close
+/// the control connection.
+const ABORT_LINGER: Duration = Duration::from_secs(5);
 
 fn closed(e: io::Error) -> Error {
     match e.kind() {
@@ -59,6 +64,15 @@ impl<R: AsyncRead + Unpin> ControlReader<R> {
     /// The next message, treating a close as the peer vanishing.
     pub async fn expect(&mut self) -> Result<Message> {
         self.recv().await?.ok_or(Error::PeerVanished)
+    }
+
+    /// After sending an abort: waits (a few seconds at most) until the peer closes the
+    /// connection, discarding what it sends. The caller keeps its data channels open
+    /// meanwhile, so the peer reads the abort before it sees them close, which it would take
+    /// for a vanished peer.
+    pub async fn linger_until_closed(&mut self) {
+        let drain = async { while let Ok(Some(_)) = self.recv().await {} };
+        let _ = tokio::time::timeout(ABORT_LINGER, drain).await;
     }
 }
 

@@ -1,5 +1,6 @@
 //! Congestion control per socket: which algorithms the kernel offers, which an unprivileged
-//! process may pick, and `TCP_CONGESTION` to set and read back a socket's algorithm.
+//! process may pick, and `TCP_CONGESTION` to set and read back a socket's algorithm and to
+//! make a connected socket run the one asked for, over a route's `congctl`.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
@@ -98,6 +99,56 @@ pub fn congestion(sock: &impl AsFd) -> io::Result<String> {
     Ok(String::from_utf8_lossy(&raw[..end]).into_owned())
 }
 
+/// A socket that runs another congestion control than the one asked for, even after it was
+/// set again.
+#[derive(Debug, thiserror::Error)]
+#[error("{in_force} stays in force ({})", match .refused {
+    Some(e) => format!("setting {asked} again: {e}"),
+    None => format!("{asked} was set again but {in_force} reads back"),
+})]
+pub struct NotInForce {
+    /// The algorithm asked for.
+    pub asked: String,
+    /// The algorithm the socket runs.
+    pub in_force: String,
+    /// The kernel's refusal to set it again (`EPERM` under a route's `congctl lock`), if it
+    /// refused.
+    pub refused: Option<io::Error>,
+}
+
+/// Why [`match_congestion`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MatchError {
+    /// `TCP_CONGESTION` could not be read.
+    #[error("reading TCP_CONGESTION: {0}")]
+    Read(#[from] io::Error),
+    /// The socket keeps another algorithm.
+    #[error(transparent)]
+    NotInForce(#[from] NotInForce),
+}
+
+/// Makes a connected or accepted socket run `name`. A route's `congctl` replaces, at connect
+/// and at accept, whatever was set before (the kernel's `tcp_ca_dst_init` and
+/// `tcp_ca_openreq_child`), so the algorithm is read back and, if it differs, set again and
+/// read back once more. Under `congctl lock` the kernel refuses any change (`EPERM`, even to
+/// the algorithm in force, which is why an equal one is not set again).
+pub fn match_congestion(sock: &impl AsFd, name: &str) -> Result<(), MatchError> {
+    if congestion(sock)? == name {
+        return Ok(());
+    }
+    let refused = set_congestion(sock, name).err();
+    let in_force = congestion(sock)?;
+    if in_force == name {
+        return Ok(());
+    }
+    Err(NotInForce {
+        asked: name.to_string(),
+        in_force,
+        refused,
+    }
+    .into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,6 +165,28 @@ mod tests {
         }
         let err = set_congestion(&sock, "no-such-cc").unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::ENOENT));
+    }
+
+    #[tokio::test]
+    async fn a_connected_socket_is_made_to_run_the_algorithm_asked_for() {
+        let l = crate::transport::listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr().unwrap();
+        let (c, s) = tokio::join!(tokio::net::TcpStream::connect(addr), l.accept());
+        let (c, _s) = (c.unwrap(), s.unwrap());
+        set_congestion(&c, "reno").unwrap();
+        match_congestion(&c, "cubic").unwrap();
+        assert_eq!(congestion(&c).unwrap(), "cubic");
+        match_congestion(&c, "cubic").unwrap();
+        match match_congestion(&c, "no-such-cc") {
+            Err(MatchError::NotInForce(m)) => {
+                assert_eq!(
+                    (m.asked.as_str(), m.in_force.as_str()),
+                    ("no-such-cc", "cubic")
+                );
+                assert_eq!(m.refused.unwrap().raw_os_error(), Some(libc::ENOENT));
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Which way traffic leaves this host: the local address the kernel picks toward a peer
 //! (found without sending anything), the interface holding an address, and the interface of
 //! the default route. Used by `hsxfer doctor` to check the interface a transfer would use.
+//! Also the route toward a peer as `ip route get` shows it, for errors that a route causes.
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, UdpSocket};
@@ -85,6 +86,33 @@ pub fn default_interface() -> io::Result<Option<String>> {
     )?))
 }
 
+/// The route toward `addr` as `ip route get ADDR` prints it, on one line (it prints the
+/// cached metrics, such as `congctl lock cubic`, on a second one).
+pub fn show(addr: IpAddr) -> io::Result<String> {
+    let out = std::process::Command::new("ip")
+        .args(["route", "get", &addr.to_string()])
+        .output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text.split_whitespace().collect::<Vec<_>>().join(" "))
+}
+
+/// The `congctl [lock] NAME` part of a route's text, if it has one.
+pub fn congctl(route: &str) -> Option<String> {
+    let words: Vec<&str> = route.split_whitespace().collect();
+    let at = words.iter().position(|w| *w == "congctl")?;
+    let len = if words.get(at + 1) == Some(&"lock") {
+        3
+    } else {
+        2
+    };
+    words.get(at..at + len).map(|w| w.join(" "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,6 +128,16 @@ mod tests {
         let no_default = "Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\n\
             eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\n";
         assert_eq!(default_route_interface(no_default), None);
+    }
+
+    #[test]
+    fn finds_the_congctl_of_a_route() {
+        let locked = "10.2.3.4 dev d0 src 10.1.1.1 uid 0 cache congctl lock cubic";
+        assert_eq!(congctl(locked).as_deref(), Some("congctl lock cubic"));
+        let plain = "10.3.3.4 via 10.1.1.2 dev d0 src 10.1.1.1 uid 0 cache congctl reno";
+        assert_eq!(congctl(plain).as_deref(), Some("congctl reno"));
+        assert_eq!(congctl("10.3.3.4 dev d0 src 10.1.1.1 uid 0 cache"), None);
+        assert_eq!(congctl("cache congctl lock"), None);
     }
 
     #[test]

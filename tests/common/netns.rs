@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Address of the receiver host inside its namespace.
 pub const RECEIVER: &str = "10.9.2.2";
+/// Address of the sender host inside its namespace.
+pub const SENDER: &str = "10.9.1.1";
 
 /// A dumbbell of three namespaces.
 pub struct Dumbbell {
@@ -114,6 +116,21 @@ impl Dumbbell {
             "limit", &limit,
         ]);
         d
+    }
+
+    /// Gives `host` (`s` or `d`) a route toward the other end's subnet that carries
+    /// `congctl WORDS` (e.g. `["lock", "cubic"]`), as a data-transfer node's default may be set.
+    pub fn congctl_route(&self, host: &str, words: &[&str]) {
+        let (subnet, via) = match host {
+            "s" => ("10.9.2.0/24", "10.9.1.2"),
+            _ => ("10.9.1.0/24", "10.9.2.1"),
+        };
+        let ns = self.ns(host);
+        let mut args = vec![
+            "ip", "-n", &ns, "route", "replace", subnet, "via", via, "congctl",
+        ];
+        args.extend_from_slice(words);
+        run(&args);
     }
 
     /// The namespace of `host`: `s` (sender), `r` (router) or `d` (receiver).
