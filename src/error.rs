@@ -33,6 +33,9 @@ pub enum Error {
     /// The peer answered but is not an hsxfer server of this protocol version.
     #[error("{0} is not an hsxfer server (or speaks another protocol version)")]
     NotHsxfer(String),
+    /// The server does not answer a path measurement: it runs an older hsxfer.
+    #[error("the server at {0} runs an older hsxfer that cannot measure the path (it does not answer the probe's request for its facts): upgrade hsxfer there, or copy with --tune off")]
+    TooOld(String),
     /// The server refused our token.
     #[error("authentication refused by {0}: wrong token (give the server's token with --token-file, or --no-auth if the server runs with --no-auth)")]
     AuthRefused(String),

@@ -39,6 +39,19 @@ pub mod session;
 pub mod transport;
 pub mod tuning;
 
+/// Measuring a path and saving what was learned: [`probe::probe`] ranks configurations on a
+/// path through a server, [`probe::PathProfile`] is what it found, [`probe::ProfileStore`]
+/// keeps profiles per server and direction, [`probe::apply_profile`] fills a transfer's
+/// options from one.
+pub mod probe {
+    pub use crate::fsio::profiles::{ProfileError, ProfileStore};
+    pub use crate::session::probe::{
+        apply_profile, learned_profile, min_budget, probe, unix_now, Fixed, ProbeOptions,
+        ProbeReport, ProbeStep, PROFILE_MAX_AGE_S,
+    };
+    pub use crate::tuning::probe::{Config, Direction, PathProfile, Ranked, Recommendation};
+}
+
 pub use channels::control::BenchDirection;
 pub use error::{Error, Result};
 pub use session::client::{Client, PathRate, TransferOptions, Tune};

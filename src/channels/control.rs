@@ -13,7 +13,7 @@ use crate::tuning::bdp::BufferRequest;
 pub const MAX_CONTROL_FRAME: u32 = 16 << 20;
 
 /// Protocol version carried in every request; a server refuses versions it does not speak.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Every message of the control connection, in both directions.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -29,6 +29,11 @@ pub enum Message {
         /// The ping's sequence number.
         seq: u32,
     },
+    /// Client → server, before the request: what limits the server's sockets and which
+    /// congestion controls it may use (`hsxfer probe` plans from it).
+    Facts,
+    /// Server → client: the answer to [`Message::Facts`].
+    HostFacts(HostFacts),
     /// Client → server: what this session is for.
     Request(Request),
     /// Server → client: the request is accepted; open `channels` data channels now.
@@ -37,6 +42,20 @@ pub enum Message {
         channels: u16,
         /// What the server could not do as asked (e.g. a buffer limit), with the fix.
         notes: Vec<String>,
+    },
+    /// Sending client → server: admit `count` more data channels (the sending side's online
+    /// tuner adds channels while they pay).
+    AddChannels {
+        /// How many.
+        count: u16,
+    },
+    /// Server → client: connect data channels `first..first + count` and join them now (the
+    /// answer to `AddChannels`, or a sending server's own request).
+    OpenChannels {
+        /// Index of the first.
+        first: u16,
+        /// How many.
+        count: u16,
     },
     /// Sending server → client: settings, samples and loss events of the data channels.
     Telemetry(TelemetryBatch),
@@ -76,6 +95,33 @@ pub enum Message {
         /// Human-readable reason.
         message: String,
     },
+}
+
+/// What a host says about itself for a path measurement.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostFacts {
+    /// hsxfer version it runs.
+    pub version: String,
+    /// Congestion controls registered there.
+    pub cc_available: Vec<String>,
+    /// Those an unprivileged socket may select.
+    pub cc_allowed: Vec<String>,
+    /// Its default.
+    pub cc_default: String,
+    /// Whether hsxfer runs as root there (any registered congestion control is usable).
+    pub privileged: bool,
+    /// Largest send buffer a socket can get there (kernel size, bytes).
+    pub send_buffer_max: u64,
+    /// Largest receive buffer a socket can get there (kernel size, bytes).
+    pub receive_buffer_max: u64,
+}
+
+impl HostFacts {
+    /// Whether the host may select congestion control `name`.
+    pub fn usable(&self, name: &str) -> bool {
+        self.cc_available.iter().any(|a| a == name)
+            && (self.privileged || self.cc_allowed.iter().any(|a| a == name))
+    }
 }
 
 /// What a client asks of a server.
@@ -129,6 +175,10 @@ pub struct OnlineTuning {
     pub rate_bps: Option<u64>,
     /// Whether it sets the pacing caps (false when the user chose the pacing).
     pub pace: bool,
+    /// Whether the first channel meters the path alone before the others start (when the
+    /// rate is unknown and the user fixed neither the pacing nor the start offsets).
+    #[serde(default)]
+    pub meter: bool,
     /// Congestion control the first channel meters the path with, when it differs from the
     /// transfer's.
     pub meter_cc: Option<String>,
@@ -298,6 +348,16 @@ mod tests {
                 },
             }),
             Message::Ping { seq: 3 },
+            Message::Facts,
+            Message::HostFacts(HostFacts {
+                version: "0.1.0".into(),
+                cc_available: vec!["reno".into(), "cubic".into()],
+                cc_allowed: vec!["reno".into()],
+                cc_default: "cubic".into(),
+                privileged: false,
+                send_buffer_max: 4 << 20,
+                receive_buffer_max: 6 << 20,
+            }),
             Message::Pong { seq: 3 },
             Message::Accepted {
                 channels: 4,
@@ -328,6 +388,8 @@ mod tests {
                 digests: vec![Digest([7; 32])],
             },
             Message::Nack { file: 1, block: 3 },
+            Message::AddChannels { count: 2 },
+            Message::OpenChannels { first: 4, count: 2 },
             Message::FileDone { file: 1 },
             Message::Abort {
                 message: "disk full".into(),

@@ -177,8 +177,13 @@ pub struct Decision {
 /// What the tuner learned and did, for the summary and for saving a profile.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TunerReport {
-    /// The bottleneck's goodput rate the caps were set from, bits/s.
+    /// The bottleneck's goodput rate the caps were set from last, bits/s (lowered when the
+    /// channels lost at their caps).
     pub rate_bps: Option<u64>,
+    /// The rate last measured directly (by the meter, or a probe above the caps that the path
+    /// delivered), bits/s: what a saved profile keeps.
+    #[serde(default)]
+    pub measured_bps: Option<u64>,
     /// How the meter ended, if one ran.
     pub meter: Option<MeterEnd>,
     /// Channels at the end.

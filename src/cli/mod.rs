@@ -5,6 +5,8 @@ mod doctor;
 mod lab;
 mod operands;
 mod output;
+mod probe;
+mod tune;
 mod units;
 
 use std::net::{IpAddr, SocketAddr};
@@ -16,6 +18,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use hsxfer::channels::control::Policy;
+use hsxfer::probe::{Direction as ProfileDirection, Fixed};
 use hsxfer::tuning::bdp::BufferChoice;
 use hsxfer::tuning::desync::{PaceChoice, StaggerChoice};
 use hsxfer::{
@@ -42,6 +45,9 @@ enum Command {
     Copy(CopyArgs),
     /// Memory-to-memory throughput through the full protocol (like iperf3, for hsxfer).
     Bench(BenchArgs),
+    /// Measure the path to a server (RTT, bottleneck rate, queue, loss) and rank congestion
+    /// control × channels × pacing on it; saves the result for later copies.
+    Probe(probe::ProbeArgs),
     /// Check what on this host limits throughput, with the exact fix for each finding.
     Doctor(doctor::DoctorArgs),
     /// An emulated long fat network on this host (namespaces, bottleneck, delay) and the
@@ -145,11 +151,12 @@ struct TransferArgs {
     /// given, none otherwise), RATE for every channel (e.g. 500M), or off.
     #[arg(long, value_name = "auto|RATE|off", default_value = "auto", value_parser = parse_pace)]
     pace: PaceChoice,
-    /// Tuning while data moves: auto (the sending side measures the path with its first
-    /// channel, paces every channel just below the rate it found, and adds channels while they
-    /// pay), or off (the settings planned at the start are final).
-    #[arg(long, value_name = "auto|off", default_value = "auto", value_parser = parse_tune)]
-    tune: Tune,
+    /// Tuning: auto (use this server's saved profile for what is not given, if any; the
+    /// sending side measures the path with its first channel, paces every channel just below
+    /// the rate it found, and adds channels while they pay), probe (run `hsxfer probe` first
+    /// and use its result), or off (the settings planned at the start are final).
+    #[arg(long, value_name = "auto|probe|off", default_value = "auto", value_parser = tune::parse_tune)]
+    tune: tune::TuneArg,
     /// Which congestion controls tuning may choose: fair (loss-based ones only, so the
     /// transfer stays near its fair share against other TCP traffic) or fast (may choose BBR).
     #[arg(long, value_name = "fair|fast", default_value = "fair", value_parser = parse_policy)]
@@ -188,7 +195,7 @@ impl TransferArgs {
             cc: self.cc.clone(),
             buffer: self.buffer,
             rate: self.rate.map_or(PathRate::Unknown, PathRate::Given),
-            tune: self.tune,
+            tune: Tune::Online,
             policy: self.policy,
             origin: Vec::new(),
             rtt: self.rtt,
@@ -211,6 +218,35 @@ impl TransferArgs {
             Mode::Human
         }
     }
+
+    /// The settings the user gave: a saved profile leaves them alone.
+    fn fixed(&self) -> Fixed {
+        Fixed {
+            channels: self.channels.is_some(),
+            cc: !self.cc.is_empty(),
+            pace: self.pace != PaceChoice::Auto,
+            rate: self.rate.is_some(),
+        }
+    }
+
+    /// The transfer's options, settled against `--tune` (a saved profile or a probe).
+    async fn settled(
+        &self,
+        host: &str,
+        direction: ProfileDirection,
+    ) -> anyhow::Result<(TransferOptions, tune::Profiled)> {
+        let mut opts = self.options()?;
+        let p = tune::settle(
+            self.tune,
+            &mut opts,
+            self.fixed(),
+            host,
+            direction,
+            self.mode(),
+        )
+        .await?;
+        Ok((opts, p))
+    }
 }
 
 fn parse_buffer(s: &str) -> Result<BufferChoice, String> {
@@ -220,14 +256,6 @@ fn parse_buffer(s: &str) -> Result<BufferChoice, String> {
         _ => units::parse_size(s)
             .map(BufferChoice::Fixed)
             .map_err(|e| format!("{e}; or auto, kernel")),
-    }
-}
-
-fn parse_tune(s: &str) -> Result<Tune, String> {
-    match s {
-        "auto" => Ok(Tune::Online),
-        "off" => Ok(Tune::Off),
-        _ => Err("use auto or off".into()),
     }
 }
 
@@ -311,6 +339,7 @@ pub fn main() -> ExitCode {
         Command::Bench(b) => b.transfer.mode(),
         Command::Serve(_) => Mode::Human,
         Command::Doctor(d) => d.mode(),
+        Command::Probe(p) => p.mode(),
         Command::Lab(_) | Command::Cc(_) => Mode::Human,
     };
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
@@ -330,6 +359,7 @@ async fn run(cmd: Command) -> anyhow::Result<bool> {
         Command::Copy(a) => copy(a).await,
         Command::Bench(a) => bench(a).await,
         Command::Doctor(a) => doctor::doctor(a),
+        Command::Probe(a) => probe::run(a).await,
         Command::Lab(a) => lab::lab(a),
         Command::Cc(a) => cc::cc(a).await,
     }
@@ -358,14 +388,18 @@ async fn serve(a: ServeArgs) -> anyhow::Result<bool> {
 }
 
 async fn copy(a: CopyArgs) -> anyhow::Result<bool> {
-    let opts = a.transfer.options()?;
     let mode = a.transfer.mode();
     let (interval, trace) = (a.transfer.interval, a.transfer.trace.clone());
     let dir = operands::direction(&a.operands).map_err(anyhow::Error::msg)?;
-    let (op, host) = match &dir {
-        Direction::Push { host, .. } => ("push", host.clone()),
-        Direction::Pull { host, .. } => ("pull", host.clone()),
+    let (op, host, way) = match &dir {
+        Direction::Push { host, .. } => ("push", host.clone(), ProfileDirection::Push),
+        Direction::Pull { host, .. } => ("pull", host.clone(), ProfileDirection::Pull),
     };
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let (opts, profiled) = a.transfer.settled(&host, way).await?;
     output::start(mode, op, &host, opts.channels, opts.block_size);
     let live = Arc::new(LiveStats::new(opts.channels as usize));
     let client = Client::new(&host, opts);
@@ -380,21 +414,28 @@ async fn copy(a: CopyArgs) -> anyhow::Result<bool> {
         }
     };
     display.finish().await?;
-    finish(mode, result?)
+    let report = result?;
+    profiled.learn(&report);
+    finish(mode, report)
 }
 
 async fn bench(a: BenchArgs) -> anyhow::Result<bool> {
-    let opts = a.transfer.options()?;
     let mode = a.transfer.mode();
     let seconds = match (a.size, a.time) {
         (None, None) => Some(10.0),
         (_, t) => t,
     };
-    let direction = if a.reverse {
-        BenchDirection::Download
+    let (direction, way) = if a.reverse {
+        (BenchDirection::Download, ProfileDirection::Pull)
     } else {
-        BenchDirection::Upload
+        (BenchDirection::Upload, ProfileDirection::Push)
     };
+    let host = a
+        .host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let (opts, profiled) = a.transfer.settled(&host, way).await?;
     output::start(mode, "bench", &a.host, opts.channels, opts.block_size);
     let live = Arc::new(LiveStats::new(opts.channels as usize));
     let client = Client::new(&a.host, opts);
@@ -406,7 +447,9 @@ async fn bench(a: BenchArgs) -> anyhow::Result<bool> {
     )?;
     let result = client.bench(direction, a.size, seconds, &live).await;
     display.finish().await?;
-    finish(mode, result?)
+    let report = result?;
+    profiled.learn(&report);
+    finish(mode, report)
 }
 
 fn finish(mode: Mode, r: TransferReport) -> anyhow::Result<bool> {

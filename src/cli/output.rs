@@ -136,13 +136,14 @@ impl Live {
                 }
                 let now = (live.elapsed(), live.channel_bytes());
                 let dt = (now.0 - last.0).max(1e-3);
+                // Channels the tuner added since the last report start from zero.
                 let rates: Vec<f64> = now
                     .1
                     .iter()
-                    .zip(&last.1)
-                    .map(|(n, l)| (n - l) as f64 * 8.0 / dt)
+                    .enumerate()
+                    .map(|(i, n)| (n - last.1.get(i).copied().unwrap_or(0)) as f64 * 8.0 / dt)
                     .collect();
-                match &display {
+                match &mut display {
                     Some(d) => d.update(&live, &rates),
                     None if mode == Mode::Json => progress_events(&live, &now.1, &rates),
                     None => {}
@@ -162,7 +163,7 @@ impl Live {
 
 /// The terminal display: a total bar and one line per channel.
 struct Display {
-    _multi: MultiProgress,
+    multi: MultiProgress,
     total: ProgressBar,
     channels: Vec<ProgressBar>,
 }
@@ -177,22 +178,27 @@ impl Display {
             )
             .expect("valid template"),
         );
-        let line = ProgressStyle::with_template("  {msg}").expect("valid template");
-        let channels = (0..channels)
-            .map(|_| {
-                let b = multi.add(ProgressBar::new_spinner());
-                b.set_style(line.clone());
-                b
-            })
-            .collect();
-        Display {
-            _multi: multi,
+        let mut d = Display {
+            multi,
             total,
-            channels,
+            channels: Vec::new(),
+        };
+        d.grow(channels);
+        d
+    }
+
+    /// Adds lines up to `channels` (the tuner adds channels while the transfer runs).
+    fn grow(&mut self, channels: usize) {
+        let line = ProgressStyle::with_template("  {msg}").expect("valid template");
+        while self.channels.len() < channels {
+            let b = self.multi.add(ProgressBar::new_spinner());
+            b.set_style(line.clone());
+            self.channels.push(b);
         }
     }
 
-    fn update(&self, live: &LiveStats, rates: &[f64]) {
+    fn update(&mut self, live: &LiveStats, rates: &[f64]) {
+        self.grow(rates.len());
         self.total.set_length(live.expected());
         self.total.set_position(live.total());
         self.total
@@ -202,9 +208,9 @@ impl Display {
         for (i, bar) in self.channels.iter().enumerate() {
             bar.set_message(channel_line(
                 i,
-                rates[i],
-                setups[i].as_ref(),
-                latest[i].as_ref(),
+                rates.get(i).copied().unwrap_or(0.0),
+                setups.get(i).cloned().flatten().as_ref(),
+                latest.get(i).copied().flatten().as_ref(),
             ));
         }
     }
@@ -249,9 +255,10 @@ fn progress_events(live: &LiveStats, bytes: &[u64], rates: &[f64]) {
     let setups = live.telemetry.setups();
     let latest = live.telemetry.latest();
     for (i, (b, r)) in bytes.iter().zip(rates).enumerate() {
+        let setup = setups.get(i).cloned().flatten();
         let mut v = json!({"type": "channel", "seconds": seconds, "index": i, "bytes": b,
-            "goodput_bps": r, "cc": setups[i].as_ref().map(|s| s.cc.clone())});
-        if let Some(s) = &latest[i] {
+            "goodput_bps": r, "cc": setup.map(|s| s.cc)});
+        if let Some(s) = latest.get(i).copied().flatten() {
             let t = &s.tcp;
             let tcp = json!({"cwnd": t.cwnd, "ssthresh": t.ssthresh, "rtt_us": t.rtt_us,
                 "min_rtt_us": t.min_rtt_us, "retrans": t.retrans, "total_retrans": t.total_retrans,
@@ -309,6 +316,14 @@ fn human_summary(r: &TransferReport) {
         t.rate_source,
         t.buffer
     );
+    for o in &t.origin {
+        println!("  tuning: {o}");
+    }
+    if let Some(online) = &t.online {
+        for d in &online.decisions {
+            println!("  tuning at {:.2} s: {}", d.t, d.what);
+        }
+    }
     for c in &r.channels {
         println!(
             "  channel {:>2}: {:>12} {:>14}  cc {:<9} sndbuf {:>22}  pace {:>13}  start {:>7}  retrans {:>6}  losses {:>4}",

@@ -1,8 +1,10 @@
 //! Files on disk: walking sources into a manifest, confining paths to a server root,
-//! resolving `cp`-style destinations, and writing partial files with a restart journal.
+//! resolving `cp`-style destinations, writing partial files with a restart journal, and the
+//! saved path profiles of `hsxfer probe`.
 
 pub mod dest;
 pub mod partial;
+pub mod profiles;
 pub mod root;
 pub mod source;
 

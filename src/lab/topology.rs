@@ -219,9 +219,11 @@ impl Lab {
     /// A command that runs `program` inside `host`'s namespace, kept off the delay element's
     /// CPU: a process there runs the emulated path's softirq work (a 4 MiB `send` pushes
     /// thousands of packets through router and shaper inline) and cannot be preempted
-    /// meanwhile, which delayed ACK releases by tens of milliseconds.
+    /// meanwhile, which delayed ACK releases by tens of milliseconds. Its cache directory is
+    /// the lab's own, so saved path profiles belong to this lab and leave with it.
     pub fn command(&self, host: Host, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut c = Command::new("ip");
+        c.env("XDG_CACHE_HOME", self.dir.join("cache"));
         c.args(["netns", "exec", &self.spec().namespace(host)]);
         if let Some(cpus) = host_cpus() {
             c.args(["taskset", "-c", &cpus]);

@@ -7,12 +7,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
+use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::task::JoinSet;
 
+use super::growth::{Arrivals, Connector, Growth, Joiner, Setup};
 use super::handshake;
 use super::receiver::{ReceiveEngine, Sink};
 use super::report::{LiveStats, SideOutcome, TransferReport, TuningReport};
-use super::sampler::{OnlineControl, Sampler};
+use super::sampler::SendingSide;
 use super::sender::{FaultInjection, SendEngine};
 use super::source::{BenchLimit, SendSource};
 use super::tuning::{
@@ -21,7 +23,8 @@ use super::tuning::{
 use super::wire::{ControlReader, ControlWriter};
 use super::{Auth, DEFAULT_PORT};
 use crate::channels::control::{
-    BenchDirection, Message, OnlineTuning, Operation, Policy, Request, Tuning, PROTOCOL_VERSION,
+    BenchDirection, HostFacts, Message, OnlineTuning, Operation, Policy, Request, Tuning,
+    PROTOCOL_VERSION,
 };
 use crate::error::{Error, Result};
 use crate::fsio::dest::Destination;
@@ -157,6 +160,24 @@ struct Opened {
     tuning: TuningReport,
     /// The online tuner, when this end sends and the transfer is tuned.
     tuner: Option<OnlineTuner>,
+    /// How to connect channels that join later.
+    connector: Connector,
+}
+
+impl Opened {
+    /// Growth of a client's session: it connects the channels itself; `setup` prepares each.
+    fn growth(&self, setup: Setup, requests: Option<UnboundedReceiver<u16>>) -> Growth {
+        let (deliver, joined) = tokio::sync::mpsc::unbounded_channel();
+        Growth {
+            joiner: Joiner::Connect(self.connector.clone()),
+            deliver,
+            setup,
+            arrivals: Some(Arrivals {
+                joined: Some(joined),
+                requests,
+            }),
+        }
+    }
 }
 
 /// RTT probes sent on the control connection before the request.
@@ -171,6 +192,25 @@ impl Client {
             .trim_end_matches(']')
             .to_string();
         Client { host, opts }
+    }
+
+    /// What the server says about itself (buffer limits, congestion controls) and the path's
+    /// RTT, asked on a control connection of its own that then closes.
+    pub async fn server_facts(&self) -> Result<(HostFacts, Duration)> {
+        let addrs = self.resolve().await?;
+        let (addr, mut ctrl) = self.connect_control(&addrs).await?;
+        let peer = addr.to_string();
+        handshake::client_control(&mut ctrl, &self.opts.auth.key(), &peer).await?;
+        let rtt = measure_rtt(&mut ctrl).await?;
+        let (r, w) = ctrl.split();
+        ControlWriter::new(w).send(&Message::Facts).await?;
+        match ControlReader::new(r).expect().await {
+            Ok(Message::HostFacts(f)) => Ok((f, rtt)),
+            Ok(Message::Abort { message }) => Err(Error::Refused(message)),
+            // An older server cannot decode the request and closes the connection.
+            Ok(_) | Err(Error::PeerVanished) | Err(Error::Malformed(_)) => Err(Error::TooOld(peer)),
+            Err(e) => Err(e),
+        }
     }
 
     /// Sends local `sources` into `dest` (relative to the server root).
@@ -244,39 +284,39 @@ impl Client {
         live: &Arc<LiveStats>,
     ) -> Result<TransferReport> {
         let start = Instant::now();
-        let gate = o
-            .tuner
-            .as_ref()
-            .map(|t| Arc::new(tokio::sync::watch::channel(!t.holds_channels()).0));
-        let online = o
-            .tuner
-            .zip(gate.clone())
-            .map(|(tuner, release)| OnlineControl {
-                tuner,
-                release,
-                grow: tokio::sync::mpsc::unbounded_channel().0,
-            });
-        let sampler = Sampler::start(live.clone(), online);
-        for (i, c) in o.channels.iter().enumerate() {
-            sampler.attach(i, c)?;
-        }
+        let mut o = o;
+        let side = SendingSide::start(live.clone(), o.tuner.take(), &o.channels)?;
+        let (sampler, opts, l) = (
+            side.sampler.clone(),
+            o.connector.options.clone(),
+            live.clone(),
+        );
+        let setup: Setup = Box::new(move |i, s| {
+            enforce_congestion(s, i, &opts, "client")?;
+            sampler.attach(i, s)?;
+            l.telemetry
+                .set_setup(read_setup(s, i, &opts, Duration::ZERO)?);
+            Ok(())
+        });
+        let growth = o.growth(setup, side.requests);
         let (r, w) = o.ctrl.into_split();
         let out = SendEngine {
             ctrl_r: ControlReader::new(r),
             ctrl_w: ControlWriter::new(w),
             channels: o.channels,
             stagger: o.stagger,
-            gate,
+            gate: side.gate,
             source,
             block_size: self.opts.block_size,
             live: live.clone(),
             digest_key: self.opts.auth.key().digest_key(),
             faults: self.opts.faults,
             forward_telemetry: None,
+            growth: Some(growth),
         }
         .run()
         .await;
-        if let Some(r) = sampler.stop() {
+        if let Some(r) = side.sampler.stop() {
             live.telemetry.set_tuner(r);
         }
         Ok(self.report(name, live, out?, start, o.tuning))
@@ -290,6 +330,8 @@ impl Client {
         live: &Arc<LiveStats>,
     ) -> Result<TransferReport> {
         let start = Instant::now();
+        // The channels' options were applied before they connected.
+        let growth = o.growth(Box::new(|_, _| Ok(())), None);
         let (r, w) = o.ctrl.into_split();
         let out = ReceiveEngine {
             ctrl_r: ControlReader::new(r),
@@ -300,6 +342,7 @@ impl Client {
             live: live.clone(),
             digest_key: self.opts.auth.key().digest_key(),
             await_telemetry: true,
+            growth: Some(growth),
         }
         .run()
         .await?;
@@ -372,7 +415,7 @@ impl Client {
         // The meter replaces an automatic stagger: the other channels start once the first
         // has measured the path, paced below its rate, so their slow starts cannot overshoot.
         let stagger_choice = match (self.opts.stagger, &online) {
-            (StaggerChoice::Auto, Some(_)) => StaggerChoice::Off,
+            (StaggerChoice::Auto, Some(o)) if o.pace => StaggerChoice::Off,
             (choice, _) => choice,
         };
         let stagger = stagger_offsets(stagger_choice, n, rtt, &mut rand::thread_rng());
@@ -453,12 +496,20 @@ impl Client {
                     .set_setup(read_setup(c, i, &plan.options[i], stagger[i])?);
             }
         }
+        let connector = Connector {
+            addr,
+            session,
+            key: skey,
+            peer,
+            options: plan.options.last().cloned().unwrap_or_default(),
+        };
         Ok(Opened {
             ctrl,
             channels,
             stagger,
             tuning: report,
             tuner,
+            connector,
         })
     }
 
@@ -469,6 +520,7 @@ impl Client {
             max_channels: self.opts.max_channels.max(self.opts.channels),
             rate_bps: goodput,
             pace: self.opts.pace == PaceChoice::Auto,
+            meter: self.opts.stagger == StaggerChoice::Auto,
             // A congestion control the user chose meters the path itself.
             meter_cc: self.opts.cc.is_empty().then(|| METER_CC.to_string()),
             policy: self.opts.policy,
@@ -561,7 +613,8 @@ fn describe_buffer(b: BufferRequest) -> String {
 /// How long a TCP connect may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-async fn timed_connect(addr: SocketAddr, opts: &SocketOptions) -> Result<TcpStream> {
+/// Connects with [`CONNECT_TIMEOUT`], naming the address in the error.
+pub(crate) async fn timed_connect(addr: SocketAddr, opts: &SocketOptions) -> Result<TcpStream> {
     let err = |source| Error::Connect {
         addr: addr.to_string(),
         source,

@@ -4,7 +4,9 @@
 
 pub mod client;
 pub mod engine;
+pub mod growth;
 pub mod handshake;
+pub mod probe;
 pub mod receiver;
 pub mod report;
 pub mod sampler;

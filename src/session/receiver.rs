@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use super::engine::{channel_ended, conclude};
+use super::growth::{admit_channels, recv_or_pending, Arrivals, Growth};
 use super::report::{LiveStats, SideOutcome};
 use super::wire::{read_header, read_payload, ControlReader, ControlWriter};
 use crate::channels::control::{FilePlan, Message, PlanAction};
@@ -68,6 +69,8 @@ pub struct ReceiveEngine<R, W> {
     /// Whether the sender forwards telemetry (a sending server): absorb it, and wait for its
     /// final batch after the last file.
     pub await_telemetry: bool,
+    /// Channels the sender's online tuner adds while the session runs.
+    pub growth: Option<Growth>,
 }
 
 impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
@@ -80,20 +83,11 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         let (ev_tx, ev_rx) = mpsc::unbounded_channel();
         let mut tasks = JoinSet::new();
         for (i, stream) in std::mem::take(&mut self.channels).into_iter().enumerate() {
-            let ch = ChannelReceiver {
-                index: i,
-                stream,
-                shared: shared.clone(),
-                events: ev_tx.clone(),
-                live: self.live.clone(),
-                key: self.digest_key,
-            };
-            tasks.spawn(ch.run());
+            tasks.spawn(self.channel(&shared, &ev_tx, i, stream).run());
         }
-        drop(ev_tx);
         // On success the channel tasks end when the sender, having seen every FileDone,
         // closes its channels.
-        let result = self.drive(&shared, ev_rx, &mut tasks).await;
+        let result = self.drive(&shared, &ev_tx, ev_rx, &mut tasks).await;
         let out = conclude(result, &mut self.ctrl_w, tasks).await?;
         if self.await_telemetry {
             self.final_telemetry().await;
@@ -116,9 +110,27 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         }
     }
 
+    fn channel(
+        &self,
+        shared: &Arc<Mutex<Shared>>,
+        events: &mpsc::UnboundedSender<(u32, Verdict)>,
+        index: usize,
+        stream: TcpStream,
+    ) -> ChannelReceiver {
+        ChannelReceiver {
+            index,
+            stream,
+            shared: shared.clone(),
+            events: events.clone(),
+            live: self.live.clone(),
+            key: self.digest_key,
+        }
+    }
+
     async fn drive(
         &mut self,
         shared: &Arc<Mutex<Shared>>,
+        events_tx: &mpsc::UnboundedSender<(u32, Verdict)>,
         mut events: mpsc::UnboundedReceiver<(u32, Verdict)>,
         tasks: &mut JoinSet<Result<()>>,
     ) -> Result<SideOutcome> {
@@ -127,6 +139,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         let mut pending_files = 0u64;
         let mut dirs: Vec<(PathBuf, Entry)> = Vec::new();
         let mut commits: JoinSet<Result<u32>> = JoinSet::new();
+        let mut arrivals = Arrivals::take(&mut self.growth);
         while !(manifest_done && pending_files == 0) {
             tokio::select! {
                 msg = self.ctrl_r.expect() => match msg? {
@@ -144,6 +157,15 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                         self.act(shared, file, v, &mut commits, &mut out).await?;
                     }
                     Message::Telemetry(b) if self.await_telemetry => self.live.telemetry.absorb(b),
+                    Message::AddChannels { count } => {
+                        if let Some(open) = admit_channels(self.growth.as_ref(), count) {
+                            self.ctrl_w.send(&open).await?;
+                        }
+                    }
+                    Message::OpenChannels { first, count } => match &self.growth {
+                        Some(g) => g.connect(first, count),
+                        None => return Err(Violation("unasked OpenChannels".into()).into()),
+                    },
                     Message::Abort { message } => return Err(Error::PeerAborted(message)),
                     other => return Err(Violation(format!("unexpected {other:?}")).into()),
                 },
@@ -159,6 +181,12 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                     pending_files -= 1;
                     self.live.file_done();
                     self.ctrl_w.send(&Message::FileDone { file }).await?;
+                }
+                Some((i, stream)) = recv_or_pending(&mut arrivals.joined) => {
+                    if let Some(g) = &self.growth {
+                        (g.setup)(i as usize, &stream)?;
+                    }
+                    tasks.spawn(self.channel(shared, events_tx, i as usize, stream).run());
                 }
                 Some(r) = tasks.join_next() => {
                     channel_ended(r)?;

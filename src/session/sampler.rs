@@ -53,7 +53,48 @@ struct Shared {
 /// A running sampler; stopped (and its thread joined) by [`Sampler::stop`] or on drop.
 pub struct Sampler {
     shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// The sending side's sampler, and what its online tuner (if any) controls in the engine.
+pub struct SendingSide {
+    /// The sampler (shared with the setup of channels that join later).
+    pub sampler: Arc<Sampler>,
+    /// Holds channels after the first while the tuner's meter runs.
+    pub gate: Option<Arc<watch::Sender<bool>>>,
+    /// Channel counts the tuner asks for.
+    pub requests: Option<mpsc::UnboundedReceiver<u16>>,
+}
+
+impl SendingSide {
+    /// Starts sampling `channels` into `live`, tuned online by `tuner` if given.
+    pub fn start(
+        live: Arc<LiveStats>,
+        tuner: Option<OnlineTuner>,
+        channels: &[tokio::net::TcpStream],
+    ) -> crate::Result<SendingSide> {
+        let gate = tuner
+            .as_ref()
+            .map(|t| Arc::new(watch::channel(!t.holds_channels()).0));
+        let (grow, requests) = mpsc::unbounded_channel();
+        let online = tuner
+            .zip(gate.clone())
+            .map(|(tuner, release)| OnlineControl {
+                tuner,
+                release,
+                grow,
+            });
+        let requests = online.is_some().then_some(requests);
+        let sampler = Arc::new(Sampler::start(live, online));
+        for (i, c) in channels.iter().enumerate() {
+            sampler.attach(i, c)?;
+        }
+        Ok(SendingSide {
+            sampler,
+            gate,
+            requests,
+        })
+    }
 }
 
 impl Sampler {
@@ -75,7 +116,10 @@ impl Sampler {
             .name("hsxfer-sampler".into())
             .spawn(move || run(&s))
             .ok();
-        Sampler { shared, thread }
+        Sampler {
+            shared,
+            thread: Mutex::new(thread),
+        }
     }
 
     /// Starts sampling channel `index`'s socket (a duplicate of its descriptor, so it stays
@@ -102,15 +146,15 @@ impl Sampler {
     }
 
     /// Stops sampling; returns what the online tuner learned and did, if there was one.
-    pub fn stop(mut self) -> Option<TunerReport> {
+    pub fn stop(&self) -> Option<TunerReport> {
         self.halt();
         let online = self.shared.online.lock().expect("tuner lock");
         online.as_ref().map(|o| o.ctl.tuner.report().clone())
     }
 
-    fn halt(&mut self) {
+    fn halt(&self) {
         self.shared.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
+        if let Some(t) = self.thread.lock().expect("sampler thread lock").take() {
             let _ = t.join();
         }
     }

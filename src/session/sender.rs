@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 use super::engine::{channel_ended, conclude};
+use super::growth::{ask_for_channels, recv_or_pending, Arrivals, Growth};
 use super::report::{LiveStats, SideOutcome};
 use super::source::{read_file_block, BlockReader, SendSource};
 use super::wire::{write_block, ControlReader, ControlWriter, Damage};
@@ -65,34 +66,53 @@ pub struct SendEngine<R, W> {
     pub faults: FaultInjection,
     /// Forward telemetry to the peer at this interval (a sending server).
     pub forward_telemetry: Option<Duration>,
+    /// Channels the online tuner adds while the session runs.
+    pub growth: Option<Growth>,
+}
+
+/// What every channel task of a session shares: where blocks come from and where their
+/// digests go.
+struct Crew {
+    jobs: async_channel::Receiver<Job>,
+    hashed: mpsc::UnboundedSender<Hashed>,
+    sent_blocks: Arc<AtomicU64>,
 }
 
 impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
+    fn channel(&self, crew: &Crew, index: usize, stream: TcpStream) -> ChannelSender {
+        ChannelSender {
+            index,
+            start_at: tokio::time::Instant::now(),
+            gate: None,
+            stream,
+            jobs: crew.jobs.clone(),
+            reader: self.source.reader(),
+            hashed: crew.hashed.clone(),
+            live: self.live.clone(),
+            faults: self.faults,
+            key: self.digest_key,
+            sent_blocks: crew.sent_blocks.clone(),
+        }
+    }
+
     /// Runs the session to completion; on failure tells the peer why before returning.
     pub async fn run(mut self) -> Result<SideOutcome> {
         let (jobs_tx, jobs_rx) = async_channel::unbounded();
         let (hashed_tx, hashed_rx) = mpsc::unbounded_channel();
+        let crew = Crew {
+            jobs: jobs_rx,
+            hashed: hashed_tx,
+            sent_blocks: Arc::new(AtomicU64::new(0)),
+        };
         let mut tasks = JoinSet::new();
-        let counter = Arc::new(AtomicU64::new(0));
         let began = tokio::time::Instant::now();
         for (i, stream) in std::mem::take(&mut self.channels).into_iter().enumerate() {
-            let ch = ChannelSender {
-                index: i,
-                start_at: began + self.stagger.get(i).copied().unwrap_or_default(),
-                gate: self.gate.as_ref().filter(|_| i > 0).map(|g| g.subscribe()),
-                stream,
-                jobs: jobs_rx.clone(),
-                reader: self.source.reader(),
-                hashed: hashed_tx.clone(),
-                live: self.live.clone(),
-                faults: self.faults,
-                key: self.digest_key,
-                sent_blocks: counter.clone(),
-            };
+            let mut ch = self.channel(&crew, i, stream);
+            ch.start_at = began + self.stagger.get(i).copied().unwrap_or_default();
+            ch.gate = self.gate.as_ref().filter(|_| i > 0).map(|g| g.subscribe());
             tasks.spawn(ch.run());
         }
-        drop(hashed_tx);
-        let mut result = self.drive(&jobs_tx, hashed_rx, &mut tasks).await;
+        let mut result = self.drive(&jobs_tx, hashed_rx, &crew, &mut tasks).await;
         if result.is_ok() && self.forward_telemetry.is_some() {
             let last = Message::Telemetry(self.live.telemetry.take_batch(true));
             if let Err(e) = self.ctrl_w.send(&last).await {
@@ -112,12 +132,14 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
         &mut self,
         jobs: &async_channel::Sender<Job>,
         mut hashed: mpsc::UnboundedReceiver<Hashed>,
+        crew: &Crew,
         tasks: &mut JoinSet<Result<()>>,
     ) -> Result<SideOutcome> {
         let mut planner = SendPlanner::new(self.block_size);
         let mut out = SideOutcome::default();
         let mut announced = 0u64;
         let mut done = 0u64;
+        let mut arrivals = Arrivals::take(&mut self.growth);
         let period = self.forward_telemetry.unwrap_or(Duration::from_secs(3600));
         let mut report = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         loop {
@@ -159,9 +181,24 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                         done += 1;
                         self.live.file_done();
                     }
+                    Message::OpenChannels { first, count } => match &self.growth {
+                        Some(g) => g.connect(first, count),
+                        None => return Err(Violation("unasked OpenChannels".into()).into()),
+                    },
                     Message::Abort { message } => return Err(Error::PeerAborted(message)),
                     other => return Err(Violation(format!("unexpected {other:?}")).into()),
                 },
+                Some(count) = recv_or_pending(&mut arrivals.requests) => {
+                    if let Some(open) = ask_for_channels(self.growth.as_ref(), count) {
+                        self.ctrl_w.send(&open).await?;
+                    }
+                }
+                Some((i, stream)) = recv_or_pending(&mut arrivals.joined) => {
+                    if let Some(g) = &self.growth {
+                        (g.setup)(i as usize, &stream)?;
+                    }
+                    tasks.spawn(self.channel(crew, i as usize, stream).run());
+                }
                 h = hashed.recv() => match h {
                     Some(h) => {
                         if let Some(seal) = planner.on_hashed(h.file, h.block, h.digest)? {

@@ -11,13 +11,16 @@ use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
+use super::growth::{Arrivals, Growth, Joiner, Reserve, Setup};
 use super::handshake;
 use super::receiver::{ReceiveEngine, Sink};
 use super::report::LiveStats;
-use super::sampler::{OnlineControl, Sampler};
+use super::sampler::SendingSide;
 use super::sender::{FaultInjection, SendEngine};
 use super::source::SendSource;
-use super::tuning::{enforce_congestion, local_plan, online_tuner, read_setup, LocalPlan, Side};
+use super::tuning::{
+    enforce_congestion, host_facts, local_plan, online_tuner, read_setup, LocalPlan, Side,
+};
 use super::wire::{ControlReader, ControlWriter};
 use super::Auth;
 use crate::channels::auth::{self, Hello, SessionId, SessionKey, TokenKey};
@@ -28,6 +31,7 @@ use crate::fsio::root::Scope;
 use crate::fsio::source::SourceTree;
 use crate::session::client::{bench_limit, TransferOptions};
 use crate::transport::{self, SocketOptions};
+use crate::tuning::defaults;
 
 /// How long a server waits for all data channels of a session to join.
 pub const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -47,8 +51,40 @@ pub struct ServerConfig {
 
 struct Pending {
     key: SessionKey,
+    /// One slot per channel the session may have: true once that channel joined.
     joined: Vec<bool>,
-    tx: mpsc::Sender<(u16, TcpStream)>,
+    tx: mpsc::UnboundedSender<(u16, TcpStream)>,
+}
+
+impl State {
+    /// Reserves join slots for `count` more channels of `session`; returns the first index,
+    /// or `None` when the session would exceed [`defaults::MAX_CHANNELS`].
+    fn reserve(&self, session: SessionId, count: u16) -> Option<u16> {
+        let mut pending = self.pending.lock().expect("sessions lock");
+        let p = pending.get_mut(&session)?;
+        let first = p.joined.len();
+        if first + count as usize > defaults::MAX_CHANNELS as usize {
+            return None;
+        }
+        p.joined.resize(first + count as usize, false);
+        u16::try_from(first).ok()
+    }
+}
+
+/// A session's join slots, removed when the session ends however it ends.
+struct Slots {
+    state: Arc<State>,
+    session: SessionId,
+}
+
+impl Drop for Slots {
+    fn drop(&mut self) {
+        self.state
+            .pending
+            .lock()
+            .expect("sessions lock")
+            .remove(&self.session);
+    }
 }
 
 struct State {
@@ -153,7 +189,7 @@ async fn connection(state: Arc<State>, mut s: TcpStream, peer: SocketAddr) -> Re
                 return Err(Error::Refused(format!("bad join for channel {channel}")));
             };
             handshake::admit(&mut s).await?;
-            let _ = tx.send((channel, s)).await;
+            let _ = tx.send((channel, s));
             Ok(())
         }
     }
@@ -171,6 +207,7 @@ async fn control(
     let req = loop {
         match r.expect().await? {
             Message::Ping { seq } => w.send(&Message::Pong { seq }).await?,
+            Message::Facts => w.send(&Message::HostFacts(host_facts()?)).await?,
             Message::Request(req) => break req,
             other => {
                 return Err(Error::Malformed(format!(
@@ -200,15 +237,19 @@ async fn control(
     };
     tracing::info!("{peer}: {:?} over {} channels", req.op, req.channels);
     let n = req.channels;
-    let (tx, mut rx) = mpsc::channel(n as usize);
+    let (tx, mut rx) = mpsc::unbounded_channel();
     state.pending.lock().expect("sessions lock").insert(
         session,
         Pending {
             key,
             joined: vec![false; n as usize],
-            tx,
+            tx: tx.clone(),
         },
     );
+    let _slots = Slots {
+        state: state.clone(),
+        session,
+    };
     w.send(&Message::Accepted {
         channels: n,
         notes: plan.notes.clone(),
@@ -222,11 +263,6 @@ async fn control(
             _ => break,
         }
     }
-    state
-        .pending
-        .lock()
-        .expect("sessions lock")
-        .remove(&session);
     if channels.len() < n as usize {
         let e = Error::Timeout("waiting for data channels to join");
         w.abort(&e).await;
@@ -241,8 +277,14 @@ async fn control(
         return Err(e);
     }
     let (block_size, faults) = (req.block_size, state.faults);
+    let reserve: Reserve = {
+        let state = state.clone();
+        Arc::new(move |count| state.reserve(session, count))
+    };
+    let template = plan.options.last().cloned().unwrap_or_default();
     let out = match role {
         Role::Receive(sink) => {
+            let setup: Setup = Box::new(move |i, c| configure(c, i, &template, None));
             ReceiveEngine {
                 ctrl_r: r,
                 ctrl_w: w,
@@ -252,41 +294,35 @@ async fn control(
                 live: live.clone(),
                 digest_key: state.key.digest_key(),
                 await_telemetry: false,
+                growth: Some(growth(reserve, tx, rx, setup, None)),
             }
             .run()
             .await
         }
         Role::Send(source) => {
-            let gate = tuner
-                .as_ref()
-                .map(|t| Arc::new(tokio::sync::watch::channel(!t.holds_channels()).0));
-            let online = tuner
-                .zip(gate.clone())
-                .map(|(tuner, release)| OnlineControl {
-                    tuner,
-                    release,
-                    grow: tokio::sync::mpsc::unbounded_channel().0,
-                });
-            let sampler = Sampler::start(live.clone(), online);
-            for (i, c) in channels.iter().enumerate() {
-                sampler.attach(i, c)?;
-            }
+            let side = SendingSide::start(live.clone(), tuner, &channels)?;
+            let (sampler, l) = (side.sampler.clone(), live.clone());
+            let setup: Setup = Box::new(move |i, c| {
+                configure(c, i, &template, Some((&l, Duration::ZERO)))?;
+                sampler.attach(i, c)
+            });
             let out = SendEngine {
                 ctrl_r: r,
                 ctrl_w: w,
                 channels,
                 stagger: stagger_of(&req),
-                gate,
+                gate: side.gate,
                 source,
                 block_size,
                 live: live.clone(),
                 digest_key: state.key.digest_key(),
                 faults,
                 forward_telemetry: Some(Duration::from_millis(req.tuning.interval_ms as u64)),
+                growth: Some(growth(reserve, tx, rx, setup, side.requests)),
             }
             .run()
             .await;
-            sampler.stop();
+            side.sampler.stop();
             out
         }
     }?;
@@ -319,26 +355,58 @@ fn apply_plan(
         }
     }
     for (i, (c, opts)) in channels.iter().zip(&plan.options).enumerate() {
-        c.set_nodelay(false).ok();
-        // The congestion control last, after the dmctcp tag, and only if the route's differs:
-        // under `congctl lock` even setting the algorithm in force fails.
-        let others = SocketOptions {
-            congestion: None,
-            ..opts.clone()
-        };
-        others
-            .apply(c)
-            .map_err(Error::io(format!("configuring data channel {i}")))?;
-        enforce_congestion(c, i, opts, "server")?;
-        if matches!(role, Role::Send(_)) {
-            live.telemetry
-                .set_setup(read_setup(c, i, opts, stagger[i])?);
-        }
+        let sending = matches!(role, Role::Send(_)).then_some((live, stagger[i]));
+        configure(c, i, opts, sending)?;
     }
     if req.tuning.trace && matches!(role, Role::Send(_)) {
         live.telemetry.enable_trace();
     }
     Ok(())
+}
+
+/// Applies this end's options to data channel `i`; on the sending side (`sending`: the
+/// telemetry and the channel's start offset) makes it run the congestion control asked for
+/// and records the settings in force.
+fn configure(
+    c: &TcpStream,
+    i: usize,
+    opts: &SocketOptions,
+    sending: Option<(&LiveStats, Duration)>,
+) -> Result<()> {
+    c.set_nodelay(false).ok();
+    // The congestion control last, after the dmctcp tag, and only if the route's differs:
+    // under `congctl lock` even setting the algorithm in force fails.
+    let others = SocketOptions {
+        congestion: None,
+        ..opts.clone()
+    };
+    others
+        .apply(c)
+        .map_err(Error::io(format!("configuring data channel {i}")))?;
+    enforce_congestion(c, i, opts, "server")?;
+    if let Some((live, stagger)) = sending {
+        live.telemetry.set_setup(read_setup(c, i, opts, stagger)?);
+    }
+    Ok(())
+}
+
+/// Growth of a server's session: it admits the client's joins into reserved slots.
+fn growth(
+    reserve: Reserve,
+    deliver: mpsc::UnboundedSender<(u16, TcpStream)>,
+    joined: mpsc::UnboundedReceiver<(u16, TcpStream)>,
+    setup: Setup,
+    requests: Option<mpsc::UnboundedReceiver<u16>>,
+) -> Growth {
+    Growth {
+        joiner: Joiner::Admit(reserve),
+        deliver,
+        setup,
+        arrivals: Some(Arrivals {
+            joined: Some(joined),
+            requests,
+        }),
+    }
 }
 
 /// The requested start offset of each channel.

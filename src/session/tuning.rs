@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use tokio::net::TcpStream;
 
-use crate::channels::control::{Policy, Tuning};
+use crate::channels::control::{HostFacts, Policy, Tuning};
 use crate::channels::telemetry::ChannelSetup;
 use crate::error::{Error, Result};
 use crate::transport::buffers::granted;
 use crate::transport::cc::{self, CcCatalog};
-use crate::transport::tcp::PACING_UNCAPPED;
+use crate::transport::tcp::{NOTSENT_LOWAT, PACING_UNCAPPED};
 use crate::transport::SocketOptions;
 use crate::tuning::bdp::{self, Direction};
 use crate::tuning::bundled::{self, group::DmcGroup, inspect::GuardBaseline};
@@ -54,6 +54,21 @@ impl LocalPlan {
     }
 }
 
+/// What this host tells a client measuring the path.
+pub fn host_facts() -> Result<HostFacts> {
+    let cat = CcCatalog::read().map_err(Error::io("reading the available congestion controls"))?;
+    let limits = BufferLimits::read().map_err(Error::io("reading socket buffer limits"))?;
+    Ok(HostFacts {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        cc_available: cat.available,
+        cc_allowed: cat.allowed,
+        cc_default: cat.default,
+        privileged: cc::privileged(),
+        send_buffer_max: limits.send.reachable(),
+        receive_buffer_max: limits.receive.reachable(),
+    })
+}
+
 /// The online tuner of a transfer's sending side, when the request asks for one.
 pub fn online_tuner(t: &Tuning, channels: u16) -> Option<OnlineTuner> {
     let o = t.online.as_ref()?;
@@ -67,6 +82,7 @@ pub fn online_tuner(t: &Tuning, channels: u16) -> Option<OnlineTuner> {
         max_channels: o.max_channels.max(channels),
         known_rate: o.rate_bps.map(|b| b as f64 / 8.0),
         pace: o.pace,
+        meter: o.meter,
         meter_cc: o.meter_cc.clone(),
         steady_cc: t.cc_of(0).map(str::to_string).or_else(|| {
             cat.as_ref()
@@ -154,6 +170,7 @@ pub fn local_plan(
                     .then(|| t.pace.get(i).copied().flatten())
                     .flatten(),
             },
+            notsent_lowat: (side == Side::Send).then_some(NOTSENT_LOWAT),
             dmc_group: dmc_group
                 .clone()
                 .filter(|_| side == Side::Send && t.cc_of(i) == Some("dmctcp")),
@@ -201,7 +218,10 @@ pub fn read_setup(
         send_buffer_requested: opts.send_buffer,
         send_buffer: bufs.send,
         recv_buffer: bufs.receive,
-        pace_bps: opts.max_pacing_rate.map(|b| b * 8),
+        pace_bps: opts
+            .max_pacing_rate
+            .filter(|b| *b != PACING_UNCAPPED)
+            .map(|b| b * 8),
         stagger_s: stagger.as_secs_f64(),
         started_s: None,
     })

@@ -26,6 +26,9 @@ pub struct SocketOptions {
     pub recv_buffer: Option<u64>,
     /// Per-socket pacing cap in bytes per second (`SO_MAX_PACING_RATE`), if any.
     pub max_pacing_rate: Option<u64>,
+    /// Unsent bytes above which the socket does not report itself writable
+    /// (`TCP_NOTSENT_LOWAT`), if set.
+    pub notsent_lowat: Option<u32>,
     /// The DMCTCP group to put the socket in, before its congestion control starts.
     pub dmc_group: Option<Arc<DmcGroup>>,
 }
@@ -50,6 +53,9 @@ impl SocketOptions {
         }
         if let Some(rate) = self.max_pacing_rate {
             set_max_pacing_rate(sock, rate).map_err(named("setting SO_MAX_PACING_RATE"))?;
+        }
+        if let Some(bytes) = self.notsent_lowat {
+            set_notsent_lowat(sock, bytes).map_err(named("setting TCP_NOTSENT_LOWAT"))?;
         }
         Ok(())
     }
@@ -76,6 +82,33 @@ pub async fn connect(addr: SocketAddr, opts: &SocketOptions) -> io::Result<TcpSt
     opts.apply(&sock)?;
     let sock = TcpSocket::from_std_stream(std::net::TcpStream::from(sock));
     sock.connect(addr).await
+}
+
+/// Unsent bytes a sending data socket holds before it stops taking more: a channel that
+/// already has this much queued lets another channel take the next block (work stealing
+/// stays fair, and a channel added later gets work). 4 MiB lasts 33 ms at 1 Gbit/s per
+/// channel and 3 ms at 10 Gbit/s, both far longer than the sender needs to write the next
+/// block once woken.
+pub const NOTSENT_LOWAT: u32 = 4 << 20;
+
+/// Sets `TCP_NOTSENT_LOWAT`.
+pub fn set_notsent_lowat(sock: &impl AsFd, bytes: u32) -> io::Result<()> {
+    let v = bytes as libc::c_int;
+    // SAFETY: passing a pointer to a live c_int and its exact size.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_fd().as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NOTSENT_LOWAT,
+            &v as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// A `SO_MAX_PACING_RATE` that caps nothing but turns TCP's internal pacing on (any value

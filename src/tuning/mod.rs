@@ -10,5 +10,8 @@ pub mod doctor;
 pub mod estimate;
 pub mod models;
 pub mod online;
+#[cfg(test)]
+mod pathsim;
+pub mod probe;
 pub mod registry;
 pub mod sysctl;

@@ -1,0 +1,177 @@
+//! `hsxfer probe HOST`: measures the path to a server, ranks configurations on it, prints
+//! them with the `copy` flags it recommends, and saves the result as the profile later
+//! copies and benches to that server use.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Args;
+use hsxfer::channels::control::Policy;
+use hsxfer::probe::{probe, Direction, ProbeOptions, ProbeReport, ProbeStep, ProfileStore};
+use hsxfer::DEFAULT_PORT;
+use serde_json::json;
+
+use super::output::Mode;
+use super::units::{self, fmt_bytes, fmt_rate};
+use super::AuthArgs;
+
+/// How long a probe takes unless told otherwise.
+pub const DEFAULT_BUDGET: Duration = Duration::from_secs(10);
+
+/// Options of `hsxfer probe`.
+#[derive(Args)]
+pub struct ProbeArgs {
+    /// How long the probe may take in all (e.g. 10s, 30s); longer budgets try more
+    /// configurations and measure each longer.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = units::parse_duration)]
+    budget: Duration,
+    /// Which way the copies to tune move data: push (client sends) or pull (server sends).
+    #[arg(long, value_name = "push|pull", default_value = "push", value_parser = parse_direction)]
+    direction: Direction,
+    /// Which congestion controls may be recommended: fair (loss-based only) or fast (may be
+    /// BBR).
+    #[arg(long, value_name = "fair|fast", default_value = "fair", value_parser = super::parse_policy)]
+    policy: Policy,
+    /// Server port.
+    #[arg(long, default_value_t = DEFAULT_PORT)]
+    port: u16,
+    /// Print one JSON object (schema: docs/json.md) instead of human output.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    auth: AuthArgs,
+    /// The server (name, IPv4 address or [IPv6]).
+    host: String,
+}
+
+impl ProbeArgs {
+    /// How to report, errors included.
+    pub fn mode(&self) -> Mode {
+        if self.json {
+            Mode::Json
+        } else {
+            Mode::Human
+        }
+    }
+}
+
+fn parse_direction(s: &str) -> Result<Direction, String> {
+    match s {
+        "push" => Ok(Direction::Push),
+        "pull" => Ok(Direction::Pull),
+        _ => Err("use push or pull".into()),
+    }
+}
+
+/// Runs `hsxfer probe`.
+pub async fn run(a: ProbeArgs) -> anyhow::Result<bool> {
+    let host = a.host.trim_start_matches('[').trim_end_matches(']');
+    let mode = a.mode();
+    let show = |step: &ProbeStep| {
+        if mode == Mode::Human {
+            match step {
+                ProbeStep::Facts { rtt } => {
+                    eprintln!(
+                        "probe: rtt {:.2} ms, measuring the path …",
+                        rtt.as_secs_f64() * 1e3
+                    )
+                }
+                ProbeStep::Path { rate_bps } => eprintln!(
+                    "probe: bottleneck {}, trying configurations …",
+                    rate_bps.map_or("not reached".into(), |r| fmt_rate(r as f64))
+                ),
+                ProbeStep::Trial {
+                    config,
+                    goodput_bps,
+                } => eprintln!(
+                    "probe:   {} × {} {}: {}",
+                    config.channels,
+                    config.cc,
+                    if config.paced { "paced" } else { "unpaced" },
+                    fmt_rate(*goodput_bps)
+                ),
+            }
+        }
+    };
+    let report = probe(
+        host,
+        &ProbeOptions {
+            port: a.port,
+            auth: a.auth.auth()?,
+            budget: a.budget,
+            direction: a.direction,
+            policy: a.policy,
+        },
+        &show,
+    )
+    .await?;
+    let saved = match ProfileStore::for_user() {
+        Some(store) => match store.save(&report.profile(host, a.port)) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("hsxfer: warning: {e}");
+                None
+            }
+        },
+        None => None,
+    };
+    print_probe(mode, host, &report, saved.as_ref());
+    Ok(true)
+}
+
+/// Prints a probe's result: a table for people, or the `probe` JSON object.
+pub fn print_probe(mode: Mode, host: &str, r: &ProbeReport, saved: Option<&PathBuf>) {
+    match mode {
+        Mode::Json => {
+            let mut v = serde_json::to_value(r).expect("probe report serializes");
+            v["type"] = json!("probe");
+            v["profile"] = json!(saved.map(|p| p.display().to_string()));
+            println!("{v}");
+        }
+        Mode::Human => human(host, r, saved),
+    }
+}
+
+fn human(host: &str, r: &ProbeReport, saved: Option<&PathBuf>) {
+    println!(
+        "path to {host} ({}): rtt {:.2} ms, bottleneck {}, queue {}, random loss {:.3} %, up to {} in flight per socket",
+        r.direction.as_str(),
+        r.rtt_ms,
+        r.rate_bps.map_or("not reached".into(), |b| fmt_rate(b as f64)),
+        r.queue_packets
+            .map_or("unknown".into(), |q| format!("~{q:.0} packets")),
+        r.loss * 100.0,
+        fmt_bytes(r.window_max),
+    );
+    println!(
+        "  {:>4}  {:<10} {:>8}  {:<8} {:>14} {:>9} {:>10} {:>6}",
+        "rank", "cc", "channels", "pacing", "goodput", "retrans", "confidence", "trials"
+    );
+    for (i, c) in r.candidates.iter().enumerate() {
+        println!(
+            "  {:>4}  {:<10} {:>8}  {:<8} {:>14} {:>8.3}% {:>10.2} {:>6}",
+            i + 1,
+            c.config.cc,
+            c.config.channels,
+            if c.config.paced { "paced" } else { "unpaced" },
+            fmt_rate(c.goodput_bps),
+            c.retransmit_rate * 100.0,
+            c.confidence,
+            c.trials
+        );
+    }
+    println!("recommended: hsxfer copy {} SRC... {host}:DST", r.flags);
+    match saved {
+        Some(p) => println!(
+            "saved as the profile of {host} ({}) in {}: copies and benches there use it unless told otherwise (--tune off)",
+            r.direction.as_str(),
+            shown(p)
+        ),
+        None => println!("not saved: no cache directory (set HOME or XDG_CACHE_HOME)"),
+    }
+    println!("probe took {:.1} s", r.seconds);
+}
+
+fn shown(p: &Path) -> String {
+    p.display().to_string()
+}

@@ -1,0 +1,193 @@
+//! Saved path profiles: one JSON file per server, port and direction in the user's cache
+//! directory (`$XDG_CACHE_HOME/hsxfer/profiles`, else `~/.cache/hsxfer/profiles`), written
+//! atomically (a temporary file renamed over the old one), readable by the user only.
+
+use std::io::{self, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::tuning::probe::{Direction, PathProfile};
+
+/// Why a saved profile could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    /// The file exists but is not a profile (truncated, edited, another version).
+    #[error("the saved path profile {path} is unreadable ({reason}); it is ignored and will be rewritten")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong with it.
+        reason: String,
+    },
+    /// It could not be read or written.
+    #[error("path profile {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+}
+
+/// Where profiles are kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProfileStore {
+    dir: PathBuf,
+}
+
+impl ProfileStore {
+    /// A store in `dir` (created when the first profile is saved).
+    pub fn new(dir: impl Into<PathBuf>) -> ProfileStore {
+        ProfileStore { dir: dir.into() }
+    }
+
+    /// The user's store: `$XDG_CACHE_HOME/hsxfer/profiles`, else `$HOME/.cache/...`; `None`
+    /// when neither variable is set.
+    pub fn for_user() -> Option<ProfileStore> {
+        let var = |k: &str| {
+            std::env::var_os(k)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        let cache = var("XDG_CACHE_HOME").or_else(|| var("HOME").map(|h| h.join(".cache")))?;
+        Some(ProfileStore::new(cache.join("hsxfer").join("profiles")))
+    }
+
+    /// The file of a server, port and direction.
+    pub fn path(&self, server: &str, port: u16, direction: Direction) -> PathBuf {
+        let safe: String = server
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        self.dir
+            .join(format!("{safe}_{port}_{}.json", direction.as_str()))
+    }
+
+    /// The saved profile, if any.
+    pub fn load(
+        &self,
+        server: &str,
+        port: u16,
+        direction: Direction,
+    ) -> Result<Option<PathProfile>, ProfileError> {
+        let path = self.path(server, port, direction);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(ProfileError::Io { path, source }),
+        };
+        let p: PathProfile = serde_json::from_str(&text).map_err(|e| ProfileError::Corrupt {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        if p.server != server || p.port != port || p.direction != direction {
+            return Err(ProfileError::Corrupt {
+                path,
+                reason: format!(
+                    "it describes {}:{} {}",
+                    p.server,
+                    p.port,
+                    p.direction.as_str()
+                ),
+            });
+        }
+        Ok(Some(p))
+    }
+
+    /// Saves a profile, replacing the previous one of its server, port and direction.
+    pub fn save(&self, profile: &PathProfile) -> Result<PathBuf, ProfileError> {
+        let path = self.path(&profile.server, profile.port, profile.direction);
+        let io = |source| ProfileError::Io {
+            path: path.clone(),
+            source,
+        };
+        std::fs::create_dir_all(&self.dir).map_err(io)?;
+        std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
+        let tmp = temporary(&path);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(io)?;
+        let text = serde_json::to_string_pretty(profile).expect("profiles serialize");
+        f.write_all(text.as_bytes())
+            .and_then(|_| f.sync_data())
+            .map_err(io)?;
+        std::fs::rename(&tmp, &path).map_err(io)?;
+        Ok(path)
+    }
+}
+
+fn temporary(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".tmp{}", std::process::id()));
+    path.with_file_name(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tuning::probe::{Config, Recommendation};
+
+    fn profile() -> PathProfile {
+        PathProfile {
+            server: "[fd00::1]".into(),
+            port: 7420,
+            direction: Direction::Pull,
+            measured_at: 5,
+            source: "probe".into(),
+            rtt_us: 60_000,
+            rate_bps: Some(956_000_000),
+            queue_packets: Some(64.0),
+            loss: 0.0,
+            recommendation: Recommendation::of(
+                &Config {
+                    cc: "cubic".into(),
+                    channels: 4,
+                    paced: true,
+                },
+                Some(119.5e6),
+            ),
+        }
+    }
+
+    #[test]
+    fn saves_loads_and_reports_a_corrupt_file() {
+        let d = tempfile::tempdir().unwrap();
+        let store = ProfileStore::new(d.path().join("p"));
+        assert!(store
+            .load("[fd00::1]", 7420, Direction::Pull)
+            .unwrap()
+            .is_none());
+        let path = store.save(&profile()).unwrap();
+        assert_eq!(path.file_name().unwrap(), "_fd00__1__7420_pull.json");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(
+            store.load("[fd00::1]", 7420, Direction::Pull).unwrap(),
+            Some(profile())
+        );
+        assert!(store
+            .load("[fd00::1]", 7420, Direction::Push)
+            .unwrap()
+            .is_none());
+        std::fs::write(&path, "{\"server\": ").unwrap();
+        let e = store.load("[fd00::1]", 7420, Direction::Pull).unwrap_err();
+        assert!(matches!(e, ProfileError::Corrupt { .. }), "{e}");
+        assert!(e.to_string().contains("will be rewritten"), "{e}");
+        // Saving again replaces the corrupt file.
+        store.save(&profile()).unwrap();
+        assert!(store
+            .load("[fd00::1]", 7420, Direction::Pull)
+            .unwrap()
+            .is_some());
+    }
+}

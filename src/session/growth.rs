@@ -1,0 +1,149 @@
+//! Data channels that join a session while it runs: the sending side's online tuner asks for
+//! more, the client connects them, the server admits them, and the engines put them to work
+//! next to the others (they take blocks from the same queue, so nothing else changes).
+//!
+//! The exchange on the control connection (`channels::control`):
+//! - a sending client asks with `AddChannels { count }`; the server reserves that many join
+//!   slots and answers `OpenChannels { first, count }`;
+//! - a sending server reserves the slots itself and sends `OpenChannels`;
+//! - the client then connects channels `first..first + count` and joins them to the session
+//!   as it joined the first ones.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+use crate::channels::auth::{SessionId, SessionKey};
+use crate::channels::control::Message;
+use crate::error::Result;
+use crate::transport::SocketOptions;
+
+/// A data channel that joined: its index and its stream.
+pub type Joined = (u16, TcpStream);
+
+/// Reserves join slots on the server for `count` more channels; returns the first index, or
+/// `None` when the session may not have more.
+pub type Reserve = Arc<dyn Fn(u16) -> Option<u16> + Send + Sync>;
+
+/// Prepares a channel that joined during the session before it carries data: its socket
+/// options and telemetry.
+pub type Setup = Box<dyn Fn(usize, &TcpStream) -> Result<()> + Send + Sync>;
+
+/// How this end gets more channels.
+pub enum Joiner {
+    /// The client: it connects and joins them.
+    Connect(Connector),
+    /// The server: it admits the client's joins into reserved slots.
+    Admit(Reserve),
+}
+
+/// What a client needs to connect more channels to its session.
+#[derive(Clone)]
+pub struct Connector {
+    /// The server's address.
+    pub addr: SocketAddr,
+    /// The session the channels join.
+    pub session: SessionId,
+    /// Its key.
+    pub key: SessionKey,
+    /// The server, as messages name it.
+    pub peer: String,
+    /// Options of a new channel's socket.
+    pub options: SocketOptions,
+}
+
+impl Connector {
+    /// Connects channel `index` and joins it to the session.
+    pub async fn join(&self, index: u16) -> Result<TcpStream> {
+        let mut s = super::client::timed_connect(self.addr, &self.options).await?;
+        super::handshake::client_join(&mut s, &self.key, self.session, index, &self.peer).await?;
+        Ok(s)
+    }
+}
+
+/// Everything an engine needs to take channels that join while it runs.
+pub struct Growth {
+    /// How this end gets them.
+    pub joiner: Joiner,
+    /// Where a connector delivers them (the sending end of [`Arrivals::joined`]).
+    pub deliver: mpsc::UnboundedSender<Joined>,
+    /// Prepares each before it carries data.
+    pub setup: Setup,
+    /// What arrives; the engine takes it for its event loop.
+    pub arrivals: Option<Arrivals>,
+}
+
+/// What an engine waits for besides its own events: channels that joined, and how many more
+/// the online tuner wants.
+#[derive(Default)]
+pub struct Arrivals {
+    /// Channels that joined.
+    pub joined: Option<mpsc::UnboundedReceiver<Joined>>,
+    /// Counts the online tuner asks for (sending side).
+    pub requests: Option<mpsc::UnboundedReceiver<u16>>,
+}
+
+impl Arrivals {
+    /// Takes the arrivals out of an engine's growth (none without growth).
+    pub fn take(g: &mut Option<Growth>) -> Arrivals {
+        g.as_mut()
+            .and_then(|g| g.arrivals.take())
+            .unwrap_or_default()
+    }
+}
+
+/// The next message of an optional receiver; pending forever without one (for `select!`).
+pub async fn recv_or_pending<T>(r: &mut Option<mpsc::UnboundedReceiver<T>>) -> Option<T> {
+    match r.as_mut() {
+        Some(r) => r.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Growth {
+    /// The client connects channels `first..first + count` in the background; each arrives
+    /// with the others once admitted. A channel that cannot join is logged and left out: the
+    /// session goes on with the others.
+    pub fn connect(&self, first: u16, count: u16) {
+        let Joiner::Connect(c) = &self.joiner else {
+            return;
+        };
+        tracing::debug!("connecting data channels {first}..{}", first + count);
+        for index in first..first.saturating_add(count) {
+            let (c, tx) = (c.clone(), self.deliver.clone());
+            tokio::spawn(async move {
+                match c.join(index).await {
+                    Ok(s) => {
+                        tracing::debug!("data channel {index} joined");
+                        let _ = tx.send((index, s));
+                    }
+                    Err(e) => tracing::debug!("data channel {index} did not join: {e}"),
+                }
+            });
+        }
+    }
+}
+
+/// What a sending end says to get `count` more channels: a client asks the server
+/// (`AddChannels`); a server reserves the slots and tells the client to connect
+/// (`OpenChannels`). `None` when it may not have more.
+pub fn ask_for_channels(g: Option<&Growth>, count: u16) -> Option<Message> {
+    match &g?.joiner {
+        Joiner::Connect(_) => Some(Message::AddChannels { count }),
+        Joiner::Admit(reserve) => {
+            reserve(count).map(|first| Message::OpenChannels { first, count })
+        }
+    }
+}
+
+/// A receiving server's answer to `AddChannels`: the slots it reserved, or `None`.
+pub fn admit_channels(g: Option<&Growth>, count: u16) -> Option<Message> {
+    match &g?.joiner {
+        Joiner::Admit(reserve) => {
+            reserve(count).map(|first| Message::OpenChannels { first, count })
+        }
+        Joiner::Connect(_) => None,
+    }
+}

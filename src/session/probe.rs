@@ -1,0 +1,590 @@
+//! `hsxfer probe`: measures a path with short memory-to-memory transfers through a server and
+//! ranks configurations on it within a time budget (what to try and how to rank:
+//! [`crate::tuning::probe`]).
+//!
+//! 1. The server's facts (buffer limits, congestion controls) and the RTT, on a control
+//!    connection of their own.
+//! 2. A transfer tuned online: its meter gives the bottleneck rate; its samples the RTT
+//!    without queueing, the queue (the RTT's inflation while the meter overfilled it) and
+//!    random loss (retransmissions while paced below the rate).
+//! 3. The candidates share the rest of the budget by successive halving.
+//!
+//! Every trial is a `bench` session, so it measures exactly what a copy would do (framing,
+//! integrity checks and all); goodput is taken from the sending sockets' `TCP_INFO` over the
+//! second half of each trial, after the ramp-up.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use super::client::{Client, PathRate, TransferOptions, Tune};
+use super::report::{LiveStats, TransferReport};
+use super::tuning::host_facts;
+use super::Auth;
+use crate::channels::control::{BenchDirection, HostFacts, Policy};
+use crate::channels::telemetry::{MeterEnd, Sample};
+use crate::error::{Error, Result};
+use crate::tuning::bdp::WIRE_OVERHEAD;
+use crate::tuning::desync::{PaceChoice, StaggerChoice};
+use crate::tuning::probe::{
+    candidates, rank, Config, Direction, PathFacts, PathProfile, Ranked, Recommendation, Trial,
+};
+
+/// Channels of the first trial (the meter runs on the first of them).
+const FIRST_TRIAL_CHANNELS: u16 = 4;
+
+/// How a probe runs.
+#[derive(Debug, Clone)]
+pub struct ProbeOptions {
+    /// Server port.
+    pub port: u16,
+    /// Authentication.
+    pub auth: Auth,
+    /// How long the whole probe may take.
+    pub budget: Duration,
+    /// Which way data flows in the copies to tune.
+    pub direction: Direction,
+    /// Which congestion controls may be recommended.
+    pub policy: Policy,
+}
+
+/// A step of a running probe, for progress displays.
+#[derive(Debug, Clone)]
+pub enum ProbeStep {
+    /// The server answered; the RTT is measured.
+    Facts {
+        /// Round-trip time.
+        rtt: Duration,
+    },
+    /// The first trial measured the path.
+    Path {
+        /// Bottleneck goodput rate, bits/s, when measured.
+        rate_bps: Option<u64>,
+    },
+    /// A trial finished.
+    Trial {
+        /// What ran.
+        config: Config,
+        /// Its steady goodput, bits/s.
+        goodput_bps: f64,
+    },
+}
+
+/// What a probe found.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProbeReport {
+    /// Which way data flowed.
+    pub direction: Direction,
+    /// Round-trip time without queueing, ms.
+    pub rtt_ms: f64,
+    /// Bottleneck goodput rate, bits/s; `None` when no trial could fill the path.
+    pub rate_bps: Option<u64>,
+    /// Bottleneck queue, packets, when seen: the 95th percentile of the RTT's inflation over
+    /// the first trial (whose meter overfilled the queue) times the rate; noisy on a busy
+    /// host, where end hosts queue too.
+    pub queue_packets: Option<f64>,
+    /// Share of segments lost while paced below the rate.
+    pub loss: f64,
+    /// Bytes one socket can keep in flight in this direction, as the hosts' limits allow.
+    pub window_max: u64,
+    /// The server's facts.
+    pub server: HostFacts,
+    /// What to use.
+    pub recommendation: Recommendation,
+    /// The `copy` flags that give it.
+    pub flags: String,
+    /// Every configuration tried, best first.
+    pub candidates: Vec<Ranked>,
+    /// How long the probe took, seconds.
+    pub seconds: f64,
+}
+
+impl ProbeReport {
+    /// The profile to save for `server:port`.
+    pub fn profile(&self, server: &str, port: u16) -> PathProfile {
+        PathProfile {
+            server: server.to_string(),
+            port,
+            direction: self.direction,
+            measured_at: unix_now(),
+            source: "probe".into(),
+            rtt_us: (self.rtt_ms * 1e3) as u64,
+            rate_bps: self.rate_bps,
+            queue_packets: self.queue_packets,
+            loss: self.loss,
+            recommendation: self.recommendation.clone(),
+        }
+    }
+}
+
+/// Profiles older than this are not used: paths change.
+pub const PROFILE_MAX_AGE_S: u64 = 7 * 86_400;
+
+/// Settings the caller gave explicitly: a profile leaves them alone.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Fixed {
+    /// The channel count (`-n`).
+    pub channels: bool,
+    /// The congestion control (`--cc`).
+    pub cc: bool,
+    /// The pacing (`--pace`).
+    pub pace: bool,
+    /// The bottleneck rate (`--rate`).
+    pub rate: bool,
+}
+
+/// Fills in from a saved profile what the caller did not fix: channel count, congestion
+/// control, and pacing at the measured rate (or none, when the profile found unpaced
+/// channels faster). Returns what it did, for the report.
+pub fn apply_profile(
+    p: &PathProfile,
+    opts: &mut TransferOptions,
+    fixed: Fixed,
+    now_s: u64,
+) -> String {
+    let r = &p.recommendation;
+    let mut took = Vec::new();
+    if !fixed.channels {
+        opts.channels = r.channels;
+        opts.max_channels = opts.max_channels.max(r.channels);
+        took.push(format!("{} channels", r.channels));
+    }
+    if !fixed.cc {
+        opts.cc = vec![r.cc.clone()];
+        took.push(r.cc.clone());
+    }
+    if !fixed.pace && !fixed.rate {
+        match (r.pace_bps, p.rate_bps) {
+            (Some(pace), Some(rate)) => {
+                opts.rate = PathRate::Measured(rate);
+                took.push(format!("paced at {:.1} Mbit/s in total", pace as f64 / 1e6));
+            }
+            _ => {
+                opts.pace = PaceChoice::Off;
+                took.push("unpaced".into());
+            }
+        }
+    }
+    format!(
+        "profile ({}): {}",
+        p.age(now_s),
+        if took.is_empty() {
+            "nothing (every setting was given)".into()
+        } else {
+            took.join(", ")
+        }
+    )
+}
+
+/// What a finished transfer teaches about its path, to save as a profile: only when it ran
+/// long enough (10 s) to be worth keeping and its tuner measured the rate itself (a profile's
+/// rate lowered by losses on a busy host is not a measurement).
+pub fn learned_profile(
+    report: &TransferReport,
+    server: &str,
+    port: u16,
+    direction: Direction,
+) -> Option<PathProfile> {
+    let tuner = report.tuning.online.as_ref()?;
+    let rate = tuner.measured_bps?;
+    if report.seconds < 10.0 {
+        return None;
+    }
+    let cc = report.channels.iter().find_map(|c| c.cc.clone())?;
+    let paced = report.channels.iter().any(|c| c.pace_bps.is_some());
+    let config = Config {
+        cc,
+        channels: tuner.channels,
+        paced,
+    };
+    Some(PathProfile {
+        server: server.to_string(),
+        port,
+        direction,
+        measured_at: unix_now(),
+        source: "copy".into(),
+        rtt_us: report.tuning.rtt_us,
+        rate_bps: Some(rate),
+        queue_packets: None,
+        loss: 0.0,
+        recommendation: Recommendation::of(&config, Some(rate as f64 / 8.0)),
+    })
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// How long a trial on a path of round-trip time `rtt` runs, and what a session costs to set
+/// up around it (connect, handshake, request, joins: about four round trips).
+fn trial_times(rtt: f64) -> (f64, f64) {
+    ((20.0 * rtt).max(1.0), 4.0 * rtt + 0.05)
+}
+
+/// How long the first trial runs: the meter needs about 15 round trips to fill a path at
+/// 1 Gbit/s, then the tuned transfer runs ten more.
+fn first_trial_time(rtt: f64) -> f64 {
+    (25.0 * rtt).clamp(2.0, 6.0)
+}
+
+/// The shortest budget that fits the first trial and two more.
+pub fn min_budget(rtt: Duration) -> Duration {
+    let rtt = rtt.as_secs_f64();
+    let (trial, setup) = trial_times(rtt);
+    Duration::from_secs_f64(first_trial_time(rtt) + 3.0 * setup + 2.0 * trial)
+}
+
+/// Measures the path to `host` and ranks configurations on it.
+pub async fn probe(
+    host: &str,
+    opts: &ProbeOptions,
+    progress: &(dyn Fn(&ProbeStep) + Send + Sync),
+) -> Result<ProbeReport> {
+    let start = Instant::now();
+    let base = TransferOptions {
+        port: opts.port,
+        auth: opts.auth.clone(),
+        policy: opts.policy,
+        ..Default::default()
+    };
+    let (server, rtt) = Client::new(host, base.clone()).server_facts().await?;
+    progress(&ProbeStep::Facts { rtt });
+    let need = min_budget(rtt);
+    if opts.budget < need {
+        return Err(Error::Usage(format!(
+            "a probe budget of {:.1} s is too short for a path of {:.1} ms RTT: give --budget {}s or more",
+            opts.budget.as_secs_f64(),
+            rtt.as_secs_f64() * 1e3,
+            need.as_secs_f64().ceil()
+        )));
+    }
+    let local = host_facts()?;
+    let (sender, receiver) = match opts.direction {
+        Direction::Push => (&local, &server),
+        Direction::Pull => (&server, &local),
+    };
+    let window_max = sender.send_buffer_max.min(receiver.receive_buffer_max) / 2;
+    let deadline = start + opts.budget;
+    let runner = Runner {
+        host: host.to_string(),
+        base: TransferOptions {
+            rtt: Some(rtt),
+            ..base
+        },
+        direction: opts.direction,
+    };
+
+    // The first trial: tuned online, it measures the path.
+    let secs = first_trial_time(rtt.as_secs_f64());
+    let first = runner
+        .run(
+            &TransferOptions {
+                channels: FIRST_TRIAL_CHANNELS,
+                max_channels: FIRST_TRIAL_CHANNELS,
+                ..runner.base.clone()
+            },
+            secs,
+        )
+        .await?;
+    let tuner = first.tuner.clone().unwrap_or_default();
+    let rate = tuner
+        .rate_bps
+        .filter(|_| tuner.meter == Some(MeterEnd::Full))
+        .map(|b| b as f64 / 8.0);
+    progress(&ProbeStep::Path {
+        rate_bps: rate.map(|r| (r * 8.0) as u64),
+    });
+    let mss = first.mss;
+    let window_limited = tuner.meter == Some(MeterEnd::WindowLimited);
+    let path = PathFacts {
+        window_limited,
+        rtt: first.min_rtt.unwrap_or(rtt.as_secs_f64()),
+        rate,
+        reached: first.steady.goodput.max(first.peak),
+        queue_packets: rate.map(|r| {
+            (first.max_srtt - first.min_rtt.unwrap_or(0.0)).max(0.0) * r
+                / (mss + WIRE_OVERHEAD) as f64
+        }),
+        loss: if rate.is_some() {
+            first.steady.retransmit_rate
+        } else {
+            0.0
+        },
+        window_max,
+        mss,
+    };
+    let usable = |cc: &str| sender.usable(cc);
+    let mut pool = candidates(&path, &usable, &sender.cc_default, opts.policy);
+    let preference = pool.clone();
+    let mut trials: Vec<Trial> = Vec::new();
+    // The first trial counts for its configuration: paced when the meter found the rate;
+    // otherwise its channels ran without caps.
+    if let Some(cc) = first.cc.clone() {
+        let config = Config {
+            cc,
+            channels: FIRST_TRIAL_CHANNELS,
+            paced: rate.is_some(),
+        };
+        trials.push(Trial {
+            config,
+            goodput: first.steady.goodput,
+            retransmit_rate: first.steady.retransmit_rate,
+        });
+    }
+
+    // Successive halving over the rest of the budget.
+    let (secs, setup) = trial_times(path.rtt);
+    let fits =
+        |n: usize| Instant::now() + Duration::from_secs_f64(n as f64 * (secs + setup)) <= deadline;
+    'rounds: while !pool.is_empty() {
+        for config in pool.clone() {
+            if !fits(1) {
+                break 'rounds;
+            }
+            let t = runner.trial(&config, rate, secs).await?;
+            progress(&ProbeStep::Trial {
+                config: config.clone(),
+                goodput_bps: t.goodput * 8.0,
+            });
+            trials.push(t);
+        }
+        let ranked = rank(&trials, &preference);
+        let keep = pool.len().div_ceil(2);
+        pool = ranked
+            .iter()
+            .map(|r| r.config.clone())
+            .filter(|c| pool.contains(c))
+            .take(keep)
+            .collect();
+        if pool.len() == 1 && trials.iter().filter(|t| t.config == pool[0]).count() >= 2 {
+            break;
+        }
+    }
+    let ranked = rank(&trials, &preference);
+    let best = ranked.first().ok_or_else(|| {
+        Error::Usage("the probe's budget ran out before any configuration could be tried".into())
+    })?;
+    let recommendation = Recommendation::of(&best.config, rate);
+    Ok(ProbeReport {
+        direction: opts.direction,
+        rtt_ms: path.rtt * 1e3,
+        rate_bps: rate.map(|r| (r * 8.0) as u64),
+        queue_packets: path.queue_packets,
+        loss: path.loss,
+        window_max,
+        server,
+        flags: recommendation.flags(mss),
+        recommendation,
+        candidates: ranked,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// Runs trials: bench sessions toward one server in one direction.
+struct Runner {
+    host: String,
+    base: TransferOptions,
+    direction: Direction,
+}
+
+/// What one trial measured.
+#[derive(Debug, Clone, Default)]
+struct Measured {
+    steady: Steady,
+    peak: f64,
+    min_rtt: Option<f64>,
+    max_srtt: f64,
+    mss: u32,
+    cc: Option<String>,
+    tuner: Option<crate::channels::telemetry::TunerReport>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Steady {
+    goodput: f64,
+    retransmit_rate: f64,
+}
+
+impl Runner {
+    /// One candidate for `secs` seconds.
+    async fn trial(&self, config: &Config, rate: Option<f64>, secs: f64) -> Result<Trial> {
+        let opts = TransferOptions {
+            channels: config.channels,
+            max_channels: config.channels,
+            cc: vec![config.cc.clone()],
+            rate: match rate {
+                Some(r) if config.paced => PathRate::Measured((r * 8.0) as u64),
+                _ => PathRate::Unknown,
+            },
+            pace: if config.paced {
+                PaceChoice::Auto
+            } else {
+                PaceChoice::Off
+            },
+            tune: if config.paced {
+                Tune::Online
+            } else {
+                Tune::Off
+            },
+            stagger: StaggerChoice::Auto,
+            ..self.base.clone()
+        };
+        let m = self.run(&opts, secs).await?;
+        Ok(Trial {
+            config: config.clone(),
+            goodput: m.steady.goodput,
+            retransmit_rate: m.steady.retransmit_rate,
+        })
+    }
+
+    /// A timed bench with a trace of the sending sockets.
+    async fn run(&self, opts: &TransferOptions, secs: f64) -> Result<Measured> {
+        let live = Arc::new(LiveStats::new(opts.channels as usize));
+        live.telemetry.enable_trace();
+        let direction = match self.direction {
+            Direction::Push => BenchDirection::Upload,
+            Direction::Pull => BenchDirection::Download,
+        };
+        let report = Client::new(&self.host, opts.clone())
+            .bench(direction, None, Some(secs), &live)
+            .await?;
+        let samples = live.telemetry.take_trace();
+        Ok(Measured {
+            steady: steady(&samples),
+            peak: peak(&samples),
+            min_rtt: samples
+                .iter()
+                .map(|s| s.tcp.min_rtt_us)
+                .filter(|us| *us > 0)
+                .min()
+                .map(|us| us as f64 / 1e6),
+            max_srtt: percentile(samples.iter().map(|s| s.tcp.rtt_us), 0.95) as f64 / 1e6,
+            mss: samples.iter().map(|s| s.tcp.mss).max().unwrap_or(0),
+            cc: report.channels.first().and_then(|c| c.cc.clone()),
+            tuner: report.tuning.online,
+        })
+    }
+}
+
+/// The `q` quantile of some values (0 for none).
+fn percentile(values: impl Iterator<Item = u32>, q: f64) -> u32 {
+    let mut v: Vec<u32> = values.collect();
+    v.sort_unstable();
+    v.get(((v.len() as f64 - 1.0) * q).round() as usize)
+        .copied()
+        .unwrap_or(0)
+}
+
+/// Goodput and retransmissions of all channels over the second half of the samples' span.
+fn steady(samples: &[Sample]) -> Steady {
+    let (Some(t0), Some(t1)) = (
+        samples.iter().map(|s| s.t).reduce(f64::min),
+        samples.iter().map(|s| s.t).reduce(f64::max),
+    ) else {
+        return Steady::default();
+    };
+    let from = t0 + (t1 - t0) / 2.0;
+    let channels = samples.iter().map(|s| s.channel).max().unwrap_or(0) as usize + 1;
+    let (mut bytes, mut segments, mut retrans) = (0u64, 0u64, 0u64);
+    for ch in 0..channels {
+        let mine: Vec<&Sample> = samples
+            .iter()
+            .filter(|s| s.channel as usize == ch)
+            .collect();
+        let (Some(a), Some(b)) = (mine.iter().find(|s| s.t >= from), mine.last()) else {
+            continue;
+        };
+        let d = b.tcp.delivered.saturating_sub(a.tcp.delivered) as u64;
+        segments += d;
+        bytes += d * b.tcp.mss as u64;
+        retrans += b.tcp.total_retrans.saturating_sub(a.tcp.total_retrans) as u64;
+    }
+    Steady {
+        goodput: bytes as f64 / (t1 - from).max(1e-3),
+        retransmit_rate: retrans as f64 / segments.max(1) as f64,
+    }
+}
+
+/// The most all channels delivered over any 100 ms of the trace, bytes/s.
+fn peak(samples: &[Sample]) -> f64 {
+    // Σ delivered bytes at each sampling tick (all channels are read at the same t).
+    let mut sorted: Vec<&Sample> = samples.iter().collect();
+    sorted.sort_by(|a, b| a.t.total_cmp(&b.t));
+    let mut last: Vec<u64> = Vec::new();
+    let mut ticks: Vec<(f64, u64)> = Vec::new();
+    for (k, s) in sorted.iter().enumerate() {
+        let i = s.channel as usize;
+        if last.len() <= i {
+            last.resize(i + 1, 0);
+        }
+        last[i] = s.tcp.delivered as u64 * s.tcp.mss as u64;
+        if sorted.get(k + 1).is_none_or(|n| n.t > s.t) {
+            ticks.push((s.t, last.iter().sum()));
+        }
+    }
+    let mut best: f64 = 0.0;
+    let mut j = 0;
+    for i in 0..ticks.len() {
+        while j < i && ticks[i].0 - ticks[j + 1].0 >= 0.1 {
+            j += 1;
+        }
+        let span = ticks[i].0 - ticks[j].0;
+        if span >= 0.1 {
+            best = best.max((ticks[i].1 - ticks[j].1) as f64 / span);
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channels::telemetry::TcpSample;
+
+    fn sample(t: f64, channel: u16, delivered: u32, total_retrans: u32) -> Sample {
+        Sample {
+            t,
+            channel,
+            tcp: TcpSample {
+                delivered,
+                total_retrans,
+                mss: 1000,
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn steady_goodput_is_the_second_half() {
+        // Two channels; the first half delivers little, the second 100 segments per 10 ms
+        // on each channel: 20 MB/s, and 1 retransmission per 1000 segments.
+        let mut s = Vec::new();
+        for k in 0..=200u32 {
+            let t = k as f64 * 0.01;
+            let d = if k <= 100 { k } else { 100 + (k - 100) * 100 };
+            for ch in 0..2 {
+                s.push(sample(t, ch, d, d / 1000));
+            }
+        }
+        let st = steady(&s);
+        assert!((st.goodput - 20e6).abs() < 1e3, "{st:?}");
+        assert!((st.retransmit_rate - 0.001).abs() < 2e-4, "{st:?}");
+        assert!((peak(&s) - 20e6).abs() < 1e3);
+        assert_eq!(steady(&[]).goodput, 0.0);
+    }
+
+    #[test]
+    fn the_budget_must_fit_three_trials() {
+        // 60 ms: 2.4 s + 3 × 0.29 s of set-up + 2 × 1 s.
+        let b = min_budget(Duration::from_millis(60)).as_secs_f64();
+        assert!((b - 5.27).abs() < 0.01, "{b}");
+        // 120 ms: 3 s + 3 × 0.53 s + 2 × 2.4 s.
+        let b = min_budget(Duration::from_millis(120)).as_secs_f64();
+        assert!((b - 9.39).abs() < 0.01, "{b}");
+        assert!(min_budget(Duration::from_millis(250)).as_secs_f64() > 10.0);
+    }
+}

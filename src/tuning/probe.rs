@@ -1,0 +1,545 @@
+//! What `hsxfer probe` tries on a path, how it ranks what it measured, and what it
+//! recommends; the saved result ([`PathProfile`]). Pure: the trials themselves run in
+//! `session::probe`.
+//!
+//! The probe's first trial is a transfer tuned online: its meter gives the bottleneck rate,
+//! the RTT and the queue (the RTT's inflation while the meter overfilled it). The candidates
+//! follow from those facts and from both hosts' limits:
+//! - a tiny queue (under a tenth of the BDP) means unpaced loss-based channels are cut by
+//!   their own bursts (Antony et al. 2003; Cui 2013 ch. 4): only paced configurations;
+//! - a socket buffer cap below the per-channel share of the BDP means more channels: as many
+//!   as the BDP needs at that window, and twice that;
+//! - random loss (losses while paced below the rate) keeps every loss-based window small
+//!   (each channel gets about MSS/RTT × 1.22/√p, Mathis et al.): more channels, and BBR under
+//!   `--policy fast`;
+//! - otherwise the transfer's default and the loss-based congestion controls this host may
+//!   use, paced; cubic unpaced as the baseline a user gets elsewhere.
+//!
+//! The candidates then share the remaining budget by successive halving: each runs once,
+//! the better half runs again, and so on while time is left; the ranking uses each
+//! configuration's mean steady goodput.
+
+use serde::{Deserialize, Serialize};
+
+use super::bdp::WIRE_OVERHEAD;
+use super::online::PACE_GAIN;
+use crate::channels::control::Policy;
+
+/// Most channels a candidate uses.
+pub const MAX_CANDIDATE_CHANNELS: u16 = 32;
+
+/// Loss-based congestion controls worth trying, best first, when the host may use them.
+const LOSS_BASED: [&str; 5] = ["cubic", "htcp", "dmctcp", "highspeed", "reno"];
+
+/// A configuration: what `copy`'s flags set.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Config {
+    /// Congestion control of every channel.
+    pub cc: String,
+    /// Number of channels.
+    pub channels: u16,
+    /// Paced just below the measured rate (`--rate`), or unpaced (`--pace off`).
+    pub paced: bool,
+}
+
+/// The path as the probe measured it, and what limits the hosts at its ends.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PathFacts {
+    /// Round-trip time without queueing, seconds.
+    pub rtt: f64,
+    /// Bottleneck goodput rate, bytes/s; `None` when the meter could not fill the path.
+    pub rate: Option<f64>,
+    /// The most goodput the first trial reached, bytes/s (a floor when the rate is unknown).
+    pub reached: f64,
+    /// Bottleneck queue, packets, when the meter could see it.
+    pub queue_packets: Option<f64>,
+    /// Share of segments lost while paced below the rate (random loss).
+    pub loss: f64,
+    /// Whether a host's window held the meter's channel back (the rate stayed unknown).
+    pub window_limited: bool,
+    /// Bytes one socket can have in flight in this direction: half the smaller of the
+    /// sender's largest send buffer and the receiver's largest receive buffer (the kernel
+    /// keeps the other half for its own overhead).
+    pub window_max: u64,
+    /// Segment size, bytes.
+    pub mss: u32,
+}
+
+impl PathFacts {
+    /// The bandwidth-delay product, bytes (of the rate, or of what was reached).
+    pub fn bdp(&self) -> f64 {
+        self.rate.unwrap_or(self.reached) * self.rtt
+    }
+
+    /// Whether the queue holds less than a tenth of the BDP.
+    pub fn tiny_queue(&self) -> bool {
+        let packet = (self.mss + WIRE_OVERHEAD) as f64;
+        self.queue_packets
+            .is_some_and(|q| q * packet < 0.1 * self.bdp())
+    }
+
+    /// Whether losses come without congestion (above one in ten thousand segments).
+    pub fn lossy(&self) -> bool {
+        self.loss > 1e-4
+    }
+
+    /// Channels the hosts' socket buffers need for the whole BDP, with 20 % to spare; when a
+    /// window held the meter back the rate is unknown, so twice the first trial's four.
+    pub fn channels_for_windows(&self) -> u16 {
+        if self.window_limited && self.rate.is_none() {
+            return 8;
+        }
+        let need = (1.2 * self.bdp() / self.window_max.max(1) as f64).ceil();
+        (need as u16).clamp(1, MAX_CANDIDATE_CHANNELS)
+    }
+}
+
+/// The configurations worth trying on `path`, best guess first. `usable` says which
+/// congestion controls the sending host may select; `default_cc` is its default.
+pub fn candidates(
+    path: &PathFacts,
+    usable: &dyn Fn(&str) -> bool,
+    default_cc: &str,
+    policy: Policy,
+) -> Vec<Config> {
+    let loss_based = |c: &str| !c.starts_with("bbr");
+    let mut ccs: Vec<String> = Vec::new();
+    if loss_based(default_cc) && usable(default_cc) {
+        ccs.push(default_cc.to_string());
+    }
+    for c in LOSS_BASED {
+        if ccs.len() < 3 && usable(c) && !ccs.iter().any(|x| x == c) {
+            ccs.push(c.to_string());
+        }
+    }
+    let bbr = (policy == Policy::Fast && usable("bbr")).then(|| "bbr".to_string());
+    let base = path.channels_for_windows().max(4);
+    let mut out: Vec<Config> = Vec::new();
+    let mut add = |cc: &str, channels: u16, paced: bool| {
+        let c = Config {
+            cc: cc.to_string(),
+            channels: channels.min(MAX_CANDIDATE_CHANNELS),
+            paced,
+        };
+        if !out.contains(&c) {
+            out.push(c);
+        }
+    };
+    let first = ccs.first().cloned().unwrap_or_else(|| "reno".into());
+    if path.lossy() {
+        for n in [base, 2 * base, 4 * base] {
+            add(&first, n, path.rate.is_some());
+        }
+        if let Some(b) = &bbr {
+            add(b, base, false);
+        }
+    }
+    for cc in &ccs {
+        add(cc, base, path.rate.is_some());
+    }
+    if path.channels_for_windows() > 4 {
+        add(&first, 2 * base, path.rate.is_some());
+    }
+    if let Some(b) = &bbr {
+        add(b, base, false);
+    }
+    if !path.tiny_queue() || path.rate.is_none() {
+        add(&first, base, false);
+    }
+    out
+}
+
+/// One trial's measurement.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trial {
+    /// What ran.
+    pub config: Config,
+    /// Goodput over the trial's steady part, bytes/s.
+    pub goodput: f64,
+    /// Segments retransmitted per segment delivered over the steady part.
+    pub retransmit_rate: f64,
+}
+
+/// A configuration with everything measured of it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Ranked {
+    /// The configuration.
+    #[serde(flatten)]
+    pub config: Config,
+    /// Mean steady goodput of its trials, bits/s.
+    pub goodput_bps: f64,
+    /// Mean retransmissions per delivered segment.
+    pub retransmit_rate: f64,
+    /// Trials it ran.
+    pub trials: usize,
+    /// How far its rank can be trusted, 0–1: its lead over the next (or the gap to the one
+    /// above) against the spread of its own trials (a single trial counts as 5 % spread).
+    pub confidence: f64,
+}
+
+/// Goodputs closer than this fraction are a tie: short trials on a shared host differ by
+/// about this much from run to run.
+const TIE: f64 = 0.02;
+
+/// Ranks trials by each configuration's mean goodput; within [`TIE`] of each other, fewer
+/// retransmissions, then the earlier in `preference` (the planner's order), then fewer
+/// channels come first.
+pub fn rank(trials: &[Trial], preference: &[Config]) -> Vec<Ranked> {
+    let mut groups: Vec<(Config, Vec<&Trial>)> = Vec::new();
+    for t in trials {
+        match groups.iter_mut().find(|(c, _)| *c == t.config) {
+            Some((_, v)) => v.push(t),
+            None => groups.push((t.config.clone(), vec![t])),
+        }
+    }
+    let mut ranked: Vec<(Ranked, f64)> = groups
+        .into_iter()
+        .map(|(config, ts)| {
+            let n = ts.len() as f64;
+            let mean = ts.iter().map(|t| t.goodput).sum::<f64>() / n;
+            let retrans = ts.iter().map(|t| t.retransmit_rate).sum::<f64>() / n;
+            let spread = if ts.len() > 1 {
+                let (lo, hi) = ts.iter().fold((f64::MAX, 0.0f64), |(lo, hi), t| {
+                    (lo.min(t.goodput), hi.max(t.goodput))
+                });
+                (hi - lo) / mean.max(1.0)
+            } else {
+                0.05
+            };
+            let r = Ranked {
+                config,
+                goodput_bps: mean * 8.0,
+                retransmit_rate: retrans,
+                trials: ts.len(),
+                confidence: 0.0,
+            };
+            (r, spread)
+        })
+        .collect();
+    let order = |c: &Config| preference.iter().position(|p| p == c).unwrap_or(usize::MAX);
+    ranked.sort_by(|(a, _), (b, _)| {
+        let close = (a.goodput_bps - b.goodput_bps).abs() <= TIE * a.goodput_bps.max(b.goodput_bps);
+        if close {
+            // Retransmission rates below 0.1 % are all "none" here.
+            let r = |x: f64| (x * 1000.0).floor();
+            r(a.retransmit_rate)
+                .total_cmp(&r(b.retransmit_rate))
+                .then(order(&a.config).cmp(&order(&b.config)))
+                .then(a.config.channels.cmp(&b.config.channels))
+        } else {
+            b.goodput_bps.total_cmp(&a.goodput_bps)
+        }
+    });
+    let goodputs: Vec<f64> = ranked.iter().map(|(r, _)| r.goodput_bps).collect();
+    for (i, (r, spread)) in ranked.iter_mut().enumerate() {
+        let neighbour = if i == 0 {
+            goodputs.get(1).copied()
+        } else {
+            goodputs.get(i - 1).copied()
+        };
+        let gap = neighbour.map_or(1.0, |g| (r.goodput_bps - g).abs() / r.goodput_bps.max(1.0));
+        r.confidence = (gap / (gap + *spread)).clamp(0.0, 1.0);
+    }
+    ranked.into_iter().map(|(r, _)| r).collect()
+}
+
+/// What the probe recommends, in the settings `copy` takes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Recommendation {
+    /// Congestion control.
+    pub cc: String,
+    /// Channels.
+    pub channels: u16,
+    /// Pacing cap of all channels together, bits/s; `None`: unpaced.
+    pub pace_bps: Option<u64>,
+    /// Socket buffers: `auto` (sized to the rate and RTT).
+    pub buffer: String,
+}
+
+impl Recommendation {
+    /// The recommendation for a ranked configuration on a path of goodput rate `rate`
+    /// (bytes/s).
+    pub fn of(config: &Config, rate: Option<f64>) -> Recommendation {
+        Recommendation {
+            cc: config.cc.clone(),
+            channels: config.channels,
+            pace_bps: rate
+                .filter(|_| config.paced)
+                .map(|r| (PACE_GAIN * r * 8.0) as u64),
+            buffer: "auto".into(),
+        }
+    }
+
+    /// The `copy` flags that give this configuration (`--rate` is the bottleneck on the wire,
+    /// which the pacing follows).
+    pub fn flags(&self, mss: u32) -> String {
+        let mut f = format!("-n {} --cc {}", self.channels, self.cc);
+        match self.pace_bps {
+            Some(p) => {
+                let mss = if mss == 0 { 1448 } else { mss } as f64;
+                let wire = p as f64 / PACE_GAIN * (mss + WIRE_OVERHEAD as f64) / mss;
+                f.push_str(&format!(" --rate {}", rate_flag(wire)));
+            }
+            None => f.push_str(" --pace off"),
+        }
+        f
+    }
+}
+
+/// A rate as `copy --rate` takes it, rounded to three significant digits (`956M`, `1.2G`).
+pub fn rate_flag(bps: f64) -> String {
+    // Round to three significant digits first, so 999.99 M reads as 1 G.
+    let scale = 10f64.powi(bps.max(1.0).log10().floor() as i32 - 2);
+    let bps = (bps / scale).round() * scale;
+    let (v, unit) = if bps >= 1e9 {
+        (bps / 1e9, "G")
+    } else if bps >= 1e6 {
+        (bps / 1e6, "M")
+    } else {
+        (bps / 1e3, "K")
+    };
+    let digits = if v >= 100.0 {
+        0
+    } else if v >= 10.0 {
+        1
+    } else {
+        2
+    };
+    let s = format!("{v:.digits$}");
+    let s = if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    };
+    format!("{s}{unit}")
+}
+
+/// Which way data flows in a profile: from the client (`push`) or to it (`pull`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    /// Client sends.
+    Push,
+    /// Server sends.
+    Pull,
+}
+
+impl Direction {
+    /// `push` or `pull`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Push => "push",
+            Direction::Pull => "pull",
+        }
+    }
+}
+
+/// What a probe (or a long enough copy) learned about a path, saved per server and
+/// direction so that later copies start tuned.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PathProfile {
+    /// The server as given (name or address).
+    pub server: String,
+    /// Its port.
+    pub port: u16,
+    /// Which way data flows.
+    pub direction: Direction,
+    /// When it was measured, seconds since the Unix epoch.
+    pub measured_at: u64,
+    /// `probe` or `copy`.
+    pub source: String,
+    /// RTT without queueing, microseconds.
+    pub rtt_us: u64,
+    /// Bottleneck goodput rate, bits/s, when measured.
+    pub rate_bps: Option<u64>,
+    /// Bottleneck queue, packets, when measured.
+    pub queue_packets: Option<f64>,
+    /// Share of segments lost while paced below the rate.
+    pub loss: f64,
+    /// The settings to use.
+    pub recommendation: Recommendation,
+}
+
+impl PathProfile {
+    /// How it was measured and how long ago, for reports: "probe 2 h ago".
+    pub fn age(&self, now_s: u64) -> String {
+        let ago = now_s.saturating_sub(self.measured_at);
+        let when = match ago {
+            0..60 => format!("{ago} s"),
+            60..3600 => format!("{} min", ago / 60),
+            3600..172_800 => format!("{} h", ago / 3600),
+            _ => format!("{} days", ago / 86_400),
+        };
+        format!("{} {when} ago", self.source)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn path(queue: f64, loss: f64, window_max: u64) -> PathFacts {
+        PathFacts {
+            rtt: 0.06,
+            rate: Some(119.5e6),
+            reached: 119.5e6,
+            queue_packets: Some(queue),
+            loss,
+            window_limited: false,
+            window_max,
+            mss: 1448,
+        }
+    }
+
+    fn all(_: &str) -> bool {
+        true
+    }
+
+    #[test]
+    fn a_tiny_queue_gets_only_paced_candidates() {
+        let p = path(64.0, 0.0, 64 << 20);
+        assert!(p.tiny_queue());
+        let c = candidates(&p, &all, "cubic", Policy::Fair);
+        assert!(c.iter().all(|c| c.paced), "{c:?}");
+        assert_eq!(c[0].cc, "cubic");
+        assert!(
+            c.iter().all(|c| c.cc != "bbr"),
+            "fair never tries bbr: {c:?}"
+        );
+        assert!(c.len() >= 3, "{c:?}");
+    }
+
+    #[test]
+    fn a_deep_queue_also_tries_the_unpaced_baseline_and_fast_tries_bbr() {
+        let p = path(5000.0, 0.0, 64 << 20);
+        assert!(!p.tiny_queue());
+        let c = candidates(&p, &|c| c != "htcp" && c != "dmctcp", "bbr", Policy::Fast);
+        assert!(c.contains(&Config {
+            cc: "cubic".into(),
+            channels: 4,
+            paced: false
+        }));
+        assert!(c.iter().any(|c| c.cc == "bbr"));
+        assert!(
+            c.iter().all(|c| c.cc != "htcp"),
+            "htcp is not usable: {c:?}"
+        );
+    }
+
+    #[test]
+    fn capped_windows_ask_for_more_channels() {
+        // 7.17 MB BDP, 2 MiB per socket: 1.2 × 7.17 / 2.1 = 4.1, so 5 channels, and 10.
+        let p = path(64.0, 0.0, 2 << 20);
+        assert_eq!(p.channels_for_windows(), 5);
+        let c = candidates(&p, &all, "cubic", Policy::Fair);
+        assert_eq!(c[0].channels, 5);
+        assert!(c.iter().any(|c| c.channels == 10));
+    }
+
+    #[test]
+    fn random_loss_asks_for_many_channels_and_bbr_when_fast() {
+        let p = path(5000.0, 1e-3, 64 << 20);
+        let fair = candidates(&p, &all, "cubic", Policy::Fair);
+        let counts: Vec<u16> = fair.iter().take(3).map(|c| c.channels).collect();
+        assert_eq!(counts, vec![4, 8, 16]);
+        let fast = candidates(&p, &all, "cubic", Policy::Fast);
+        assert!(fast.iter().any(|c| c.cc == "bbr"));
+    }
+
+    #[test]
+    fn ranking_uses_means_and_breaks_ties_by_retransmissions() {
+        let cfg = |cc: &str, channels| Config {
+            cc: cc.into(),
+            channels,
+            paced: true,
+        };
+        let t = |c: Config, g, r| Trial {
+            config: c,
+            goodput: g,
+            retransmit_rate: r,
+        };
+        let trials = vec![
+            t(cfg("cubic", 4), 100.0, 0.0),
+            t(cfg("cubic", 4), 110.0, 0.0),
+            t(cfg("reno", 4), 104.5, 0.01),
+            t(cfg("htcp", 8), 90.0, 0.0),
+        ];
+        let r = rank(&trials, &[]);
+        // cubic's mean 105 and reno's 104.5 are within 2 %: fewer retransmissions first.
+        assert_eq!(r[0].config.cc, "cubic");
+        // A tie without retransmissions goes to the planner's preference.
+        let tie = [
+            t(cfg("reno", 4), 101.0, 0.0),
+            t(cfg("cubic", 4), 100.0, 0.0),
+        ];
+        assert_eq!(
+            rank(&tie, &[cfg("cubic", 4), cfg("reno", 4)])[0].config.cc,
+            "cubic"
+        );
+        assert_eq!(rank(&tie, &[])[0].config.cc, "reno");
+        assert_eq!(r[0].trials, 2);
+        assert_eq!(r[0].goodput_bps, 840.0);
+        assert_eq!(r[2].config.cc, "htcp");
+        assert!(r.iter().all(|x| (0.0..=1.0).contains(&x.confidence)));
+        // A clear lead measured twice consistently is trusted more than a close call.
+        let clear = rank(
+            &[
+                t(cfg("cubic", 4), 100.0, 0.0),
+                t(cfg("cubic", 4), 100.0, 0.0),
+                t(cfg("reno", 4), 50.0, 0.0),
+            ],
+            &[],
+        );
+        assert!(clear[0].confidence > 0.99, "{clear:?}");
+        assert!(r[0].confidence < 0.5, "{r:?}");
+    }
+
+    #[test]
+    fn the_recommendation_gives_copy_flags() {
+        let paced = Config {
+            cc: "cubic".into(),
+            channels: 4,
+            paced: true,
+        };
+        let r = Recommendation::of(&paced, Some(119.5e6));
+        assert_eq!(r.pace_bps, Some(927_320_000));
+        assert_eq!(r.flags(1448), "-n 4 --cc cubic --rate 1G");
+        let unpaced = Config {
+            paced: false,
+            ..paced
+        };
+        assert_eq!(
+            Recommendation::of(&unpaced, Some(1e8)).flags(1448),
+            "-n 4 --cc cubic --pace off"
+        );
+        assert_eq!(rate_flag(956.4e6), "956M");
+        assert_eq!(rate_flag(1.25e9), "1.25G");
+        assert_eq!(rate_flag(12.34e6), "12.3M");
+    }
+
+    #[test]
+    fn ages_read_as_words() {
+        let p = PathProfile {
+            server: "dtn1".into(),
+            port: 7420,
+            direction: Direction::Push,
+            measured_at: 1000,
+            source: "probe".into(),
+            rtt_us: 60_000,
+            rate_bps: Some(956_000_000),
+            queue_packets: Some(64.0),
+            loss: 0.0,
+            recommendation: Recommendation::of(
+                &Config {
+                    cc: "cubic".into(),
+                    channels: 4,
+                    paced: true,
+                },
+                Some(119.5e6),
+            ),
+        };
+        assert_eq!(p.age(1030), "probe 30 s ago");
+        assert_eq!(p.age(1000 + 7200), "probe 2 h ago");
+        assert_eq!(p.age(1000 + 3 * 86_400), "probe 3 days ago");
+    }
+}
