@@ -31,6 +31,7 @@ impl Drop for ServerProc {
 }
 
 fn serve(root: &Path, port: u16) -> ServerProc {
+    common::isolate_profiles();
     let child = Command::new(BIN)
         .args(["serve", "--no-auth", "--port", &port.to_string(), "--root"])
         .arg(root)
@@ -46,6 +47,7 @@ fn serve(root: &Path, port: u16) -> ServerProc {
 }
 
 fn hsxfer(args: &[&str]) -> Output {
+    common::isolate_profiles();
     Command::new(BIN).args(args).output().unwrap()
 }
 

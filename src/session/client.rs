@@ -286,12 +286,9 @@ impl Client {
         let start = Instant::now();
         let mut o = o;
         let side = SendingSide::start(live.clone(), o.tuner.take(), &o.channels)?;
-        let (sampler, opts, l) = (
-            side.sampler.clone(),
-            o.connector.options.clone(),
-            live.clone(),
-        );
+        let (sampler, plan, l) = (side.sampler.clone(), o.connector.plan.clone(), live.clone());
         let setup: Setup = Box::new(move |i, s| {
+            let opts = plan.for_channel(i);
             enforce_congestion(s, i, &opts, "client")?;
             sampler.attach(i, s)?;
             l.telemetry
@@ -427,7 +424,7 @@ impl Client {
         } else {
             None
         };
-        let plan = local_plan(&tuning, side, n, "client", tuner.as_ref())?;
+        let plan = Arc::new(local_plan(&tuning, side, n, "client", tuner.as_ref())?);
         let mut report = TuningReport {
             rtt_us: rtt.as_micros() as u64,
             rate_bps: rate,
@@ -501,7 +498,7 @@ impl Client {
             session,
             key: skey,
             peer,
-            options: plan.options.last().cloned().unwrap_or_default(),
+            plan: plan.clone(),
         };
         Ok(Opened {
             ctrl,

@@ -15,10 +15,10 @@ use std::sync::Arc;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
+use super::tuning::LocalPlan;
 use crate::channels::auth::{SessionId, SessionKey};
 use crate::channels::control::Message;
 use crate::error::Result;
-use crate::transport::SocketOptions;
 
 /// A data channel that joined: its index and its stream.
 pub type Joined = (u16, TcpStream);
@@ -50,14 +50,15 @@ pub struct Connector {
     pub key: SessionKey,
     /// The server, as messages name it.
     pub peer: String,
-    /// Options of a new channel's socket.
-    pub options: SocketOptions,
+    /// This end's plan: the options of each channel's socket.
+    pub plan: Arc<LocalPlan>,
 }
 
 impl Connector {
     /// Connects channel `index` and joins it to the session.
     pub async fn join(&self, index: u16) -> Result<TcpStream> {
-        let mut s = super::client::timed_connect(self.addr, &self.options).await?;
+        let opts = self.plan.for_channel(index as usize);
+        let mut s = super::client::timed_connect(self.addr, &opts).await?;
         super::handshake::client_join(&mut s, &self.key, self.session, index, &self.peer).await?;
         Ok(s)
     }

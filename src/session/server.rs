@@ -281,10 +281,11 @@ async fn control(
         let state = state.clone();
         Arc::new(move |count| state.reserve(session, count))
     };
-    let template = plan.options.last().cloned().unwrap_or_default();
+    let plan = Arc::new(plan);
     let out = match role {
         Role::Receive(sink) => {
-            let setup: Setup = Box::new(move |i, c| configure(c, i, &template, None));
+            let p = plan.clone();
+            let setup: Setup = Box::new(move |i, c| configure(c, i, &p.for_channel(i), None));
             ReceiveEngine {
                 ctrl_r: r,
                 ctrl_w: w,
@@ -301,9 +302,9 @@ async fn control(
         }
         Role::Send(source) => {
             let side = SendingSide::start(live.clone(), tuner, &channels)?;
-            let (sampler, l) = (side.sampler.clone(), live.clone());
+            let (sampler, l, p) = (side.sampler.clone(), live.clone(), plan.clone());
             let setup: Setup = Box::new(move |i, c| {
-                configure(c, i, &template, Some((&l, Duration::ZERO)))?;
+                configure(c, i, &p.for_channel(i), Some((&l, Duration::ZERO)))?;
                 sampler.attach(i, c)
             });
             let out = SendEngine {

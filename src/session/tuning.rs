@@ -39,9 +39,24 @@ pub struct LocalPlan {
     pub notes: Vec<String>,
     /// The DMCTCP group of this transfer's dmctcp channels (sending side, when reachable).
     pub dmc_group: Option<Arc<DmcGroup>>,
+    /// The congestion controls the user listed, cycled over the channels (sending side).
+    cc_list: Vec<String>,
 }
 
 impl LocalPlan {
+    /// The options of channel `i`, also of one the online tuner adds: as the last planned
+    /// channel's, with the user's congestion-control list continued.
+    pub fn for_channel(&self, i: usize) -> SocketOptions {
+        let mut o = match self.options.get(i) {
+            Some(o) => return o.clone(),
+            None => self.options.last().cloned().unwrap_or_default(),
+        };
+        if !self.cc_list.is_empty() {
+            o.congestion = Some(self.cc_list[i % self.cc_list.len()].clone());
+        }
+        o
+    }
+
     /// The guard counters of the bundled congestion controls the sending channels run, read
     /// now (root only; None otherwise or when they run none).
     pub fn guard_baseline(&self) -> Option<GuardBaseline> {
@@ -149,12 +164,14 @@ pub fn local_plan(
             g
         }
     };
+    // The tuner chooses the congestion control only when the user did not.
     let tuned = |i: usize| tuner.filter(|_| side == Side::Send).map(|tu| tu.initial(i));
+    let tuned_cc = |i: usize| tuned(i).filter(|_| t.cc.is_empty()).map(|(cc, _)| cc);
     let options = (0..channels as usize)
         .map(|i| SocketOptions {
             nodelay: false,
-            congestion: match tuned(i) {
-                Some((cc, _)) => cc,
+            congestion: match tuned_cc(i) {
+                Some(cc) => cc,
                 None => (side == Side::Send)
                     .then(|| t.cc_of(i))
                     .flatten()
@@ -180,6 +197,11 @@ pub fn local_plan(
         options,
         notes,
         dmc_group,
+        cc_list: if side == Side::Send {
+            t.cc.clone()
+        } else {
+            Vec::new()
+        },
     })
 }
 

@@ -248,7 +248,6 @@ impl PathEstimator {
             (limited as f64 / busy as f64).min(1.0)
         }
     }
-
 }
 
 fn last_t(tr: &Track) -> f64 {

@@ -15,6 +15,17 @@ pub mod netns;
 use hsxfer::{Auth, Client, FaultInjection, LiveStats, Server, ServerConfig, TransferOptions};
 use rand::{RngCore, SeedableRng};
 
+/// Points every hsxfer process this test binary starts at a cache directory of its own, so
+/// that no saved path profile (of the machine's user, or of another test binary) changes
+/// what a test runs.
+pub fn isolate_profiles() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let dir = std::env::temp_dir().join(format!("hsxfer-test-cache-{}", std::process::id()));
+        std::env::set_var("XDG_CACHE_HOME", dir);
+    });
+}
+
 /// Starts a server on an ephemeral loopback port, serving `root`.
 pub async fn server(root: &Path, auth: Auth, faults: FaultInjection) -> SocketAddr {
     let s = Server::bind(ServerConfig {

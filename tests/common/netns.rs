@@ -144,6 +144,7 @@ impl Dumbbell {
 
     /// A command run inside `host`'s namespace.
     pub fn command(&self, host: &str, program: &str) -> Command {
+        super::isolate_profiles();
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &self.ns(host), program]);
         c

@@ -1,0 +1,260 @@
+//! Tuning without flags on real emulated paths (`hsxfer lab`: namespaces, a drop-tail
+//! bottleneck, the NFQUEUE delay element): `hsxfer probe` measures the path and its profile
+//! makes a plain copy fast; the online tuner adds channels where hosts' windows hold them
+//! back, without oscillating. Needs root; prints SKIPPED otherwise (CI runs as root).
+
+mod common;
+
+use std::path::Path;
+use std::process::Output;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use common::netns::root_or_skip;
+use common::random_file;
+use hsxfer::lab::{Host, Lab, LabSpec, QueueSize};
+use serde_json::Value;
+
+/// One lab at a time: they measure rates on a 2-core machine.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn program() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_hsxfer"))
+}
+
+/// A lab name unique to this test process.
+fn name(tag: &str) -> String {
+    format!("u{}{tag}", std::process::id() % 10000)
+}
+
+/// Removes the lab when the test ends, passed or not.
+struct Cleanup(String);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = Lab::down(&self.0);
+    }
+}
+
+/// Runs hsxfer on sender 1 toward the lab's server; `args` go before the operands.
+fn on_sender(lab: &Lab, args: &[&str]) -> Output {
+    let out = lab
+        .hsxfer(Host::Sender(1))
+        .args(args)
+        .output()
+        .expect("run hsxfer in the lab");
+    if !out.status.success() {
+        panic!(
+            "hsxfer {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    out
+}
+
+/// The last JSON line of an output.
+fn last_json(out: &Output) -> Value {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().last().expect("some output");
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"))
+}
+
+fn token(lab: &Lab) -> String {
+    lab.state.token_file.to_str().unwrap().to_string()
+}
+
+#[test]
+fn a_probe_measures_a_tiny_queue_path_and_its_profile_makes_a_plain_copy_fast() {
+    if !root_or_skip("probe and profile") {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let spec = LabSpec {
+        name: name("p"),
+        rate_bps: 200_000_000,
+        rtts: vec![Duration::from_millis(40)],
+        queue: QueueSize::Packets(16),
+        ..LabSpec::default()
+    };
+    let _cleanup = Cleanup(spec.name.clone());
+    let lab = Lab::up(&spec, program()).unwrap();
+    let server = lab.addr(Host::Receiver).to_string();
+    let token = token(&lab);
+    let ceiling = spec.goodput_ceiling_bps();
+
+    let probe = last_json(&on_sender(
+        &lab,
+        &["probe", "--json", "--token-file", &token, &server],
+    ));
+    eprintln!("probe: {probe}");
+    assert_eq!(probe["type"], "probe");
+    let rate = probe["rate_bps"]
+        .as_f64()
+        .expect("the probe measured a rate");
+    assert!(
+        (rate / ceiling - 1.0).abs() <= 0.10,
+        "probe rate {:.1} Mbit/s, goodput ceiling {:.1}",
+        rate / 1e6,
+        ceiling / 1e6
+    );
+    let rtt = probe["rtt_ms"].as_f64().unwrap();
+    assert!((rtt / 40.0 - 1.0).abs() <= 0.05, "probe RTT {rtt} ms");
+    assert!(
+        probe["recommendation"]["pace_bps"].as_u64().is_some(),
+        "a 16-packet queue needs pacing: {}",
+        probe["recommendation"]
+    );
+    assert!(probe["profile"].is_string(), "the profile was saved");
+
+    // A copy with no flags at all now starts from the profile.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("data");
+    random_file(&file, 200 << 20, 7);
+    let copy = last_json(&on_sender(
+        &lab,
+        &[
+            "copy",
+            "--json",
+            "--token-file",
+            &token,
+            file.to_str().unwrap(),
+            &format!("{server}:data"),
+        ],
+    ));
+    let origin = copy["tuning"]["origin"].to_string();
+    assert!(origin.contains("profile (probe"), "{origin}");
+    assert!(copy["verified"].as_bool().unwrap());
+    let tuned = copy["goodput_bps"].as_f64().unwrap();
+
+    // Unpaced cubic, as other tools run it, in the same test.
+    let plain = last_json(&on_sender(
+        &lab,
+        &[
+            "bench",
+            "--json",
+            "--tune",
+            "off",
+            "--pace",
+            "off",
+            "--cc",
+            "cubic",
+            "-n",
+            "4",
+            "--time",
+            "8",
+            "--token-file",
+            &token,
+            &server,
+        ],
+    ));
+    let unpaced = plain["goodput_bps"].as_f64().unwrap();
+    eprintln!(
+        "tuned copy {:.3} of the ceiling, unpaced cubic ×4 {:.3}",
+        tuned / ceiling,
+        unpaced / ceiling
+    );
+    assert!(
+        tuned >= 0.85 * ceiling,
+        "a plain copy after the probe: {:.1} Mbit/s of {:.1}",
+        tuned / 1e6,
+        ceiling / 1e6
+    );
+    assert!(
+        unpaced <= 0.9 * tuned,
+        "unpaced cubic ×4 {:.1} Mbit/s against the tuned copy's {:.1}",
+        unpaced / 1e6,
+        tuned / 1e6
+    );
+}
+
+#[test]
+fn the_online_tuner_adds_channels_a_window_holds_back_and_settles() {
+    if !root_or_skip("online channel growth") {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // 200 Mbit/s × 40 ms is 1 MB; the receiver's sockets autotune to at most 256 KiB, of
+    // which about half is window: four channels carry about half the path. (`--buffer
+    // kernel`: an explicit SO_RCVBUF, which hsxfer sets where it beats autotuning, would be
+    // capped by net.core.rmem_max instead, which is not per network namespace.)
+    let spec = LabSpec {
+        name: name("g"),
+        rate_bps: 200_000_000,
+        rtts: vec![Duration::from_millis(40)],
+        queue: QueueSize::Bdp(1.0),
+        ..LabSpec::default()
+    };
+    let _cleanup = Cleanup(spec.name.clone());
+    let lab = Lab::up(&spec, program()).unwrap();
+    let set = lab
+        .command(Host::Receiver, "sysctl")
+        .args(["-qw", "net.ipv4.tcp_rmem=4096 131072 262144"])
+        .status()
+        .unwrap();
+    assert!(set.success());
+    let server = lab.addr(Host::Receiver).to_string();
+    let token = token(&lab);
+    let ceiling = spec.goodput_ceiling_bps();
+
+    let fixed = last_json(&on_sender(
+        &lab,
+        &[
+            "bench",
+            "--json",
+            "--tune",
+            "off",
+            "-n",
+            "4",
+            "--buffer",
+            "kernel",
+            "--time",
+            "6",
+            "--token-file",
+            &token,
+            &server,
+        ],
+    ));
+    let tuned = last_json(&on_sender(
+        &lab,
+        &[
+            "bench",
+            "--json",
+            "--buffer",
+            "kernel",
+            "--time",
+            "20",
+            "--token-file",
+            &token,
+            &server,
+        ],
+    ));
+    let online = &tuned["tuning"]["online"];
+    eprintln!("online tuner: {online}");
+    let channels = online["channels"].as_u64().unwrap();
+    let additions = online["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["what"].as_str().unwrap().contains("adding"))
+        .count();
+    assert!(channels > 4, "no channel was added: {online}");
+    assert!(
+        additions <= 3,
+        "{additions} additions in 20 s: the count oscillates or creeps: {online}"
+    );
+    let (start, end) = (
+        fixed["goodput_bps"].as_f64().unwrap(),
+        tuned["goodput_bps"].as_f64().unwrap(),
+    );
+    eprintln!(
+        "4 fixed channels {:.3} of the ceiling, tuned {:.3} with {channels}",
+        start / ceiling,
+        end / ceiling
+    );
+    assert!(
+        end >= start,
+        "the tuned transfer ({:.1} Mbit/s) ended slower than 4 fixed channels ({:.1})",
+        end / 1e6,
+        start / 1e6
+    );
+}
