@@ -124,7 +124,7 @@ struct AddrArgs {
 
 #[derive(Args)]
 struct RunArgs {
-    /// utilization, sync, fairness or convergence.
+    /// utilization, sync, fairness, convergence or probe.
     experiment: Experiment,
     /// A short form (small rate and RTT, few seconds per run) for smoke tests.
     #[arg(long)]
@@ -141,7 +141,7 @@ struct RunArgs {
     /// Name of the labs the experiment builds (it must not exist).
     #[arg(long, default_value = "hsxexp")]
     name: String,
-    /// Channel counts m to run (utilization; default 1 to 8).
+    /// Channel counts m to run (utilization: default 1 to 8; probe: 1, 2, 4, 8, 16).
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..=32))]
     channels: Option<Vec<u16>>,
     /// Only the tiny queue, without the 1 BDP comparison (utilization).

@@ -100,7 +100,10 @@ impl Lab {
             .args(["-n", &spec.channels.to_string()])
             .args(["--cc", &spec.cc])
             .args(["--time", &spec.seconds.to_string()])
-            .args(["--buffer", "kernel", "--interval", "500ms", "--json"]);
+            .args(["--interval", "500ms", "--json"]);
+        if !spec.extra.iter().any(|a| a == "--buffer") {
+            c.args(["--buffer", "kernel"]);
+        }
         if !spec.extra.iter().any(|a| a == "--stagger") {
             c.args(["--stagger", "off"]);
         }

@@ -1,5 +1,6 @@
-//! The self-check `lab up` runs on a new lab: the RTT `ping` measures against the setting
-//! (within 5 %), the goodput one BBR flow reaches with a BDP-sized bottleneck queue (at
+//! The self-check `lab up` runs on a new lab: the median RTT of 20 pings against the setting
+//! (within 5 %, measured again once when the delay element reports late releases during the
+//! pings: on a busy 2-core host the measurement, not the path, was off), the goodput one BBR flow reaches with a BDP-sized bottleneck queue (at
 //! least 95 % of what the rate allows, or an honest statement of the ceiling this host
 //! reached), and that packets were dropped only at the bottleneck, whose queue limit is read
 //! back from the kernel.
@@ -28,7 +29,7 @@ pub const SINGLE_FLOW_CC: &str = "bbr";
 pub struct SelfCheck {
     /// RTT set for sender 1, ms.
     pub rtt_set_ms: f64,
-    /// Mean RTT `ping` measured from sender 1 to the receiver, ms.
+    /// Median RTT of the pings from sender 1 to the receiver, ms.
     pub rtt_measured_ms: f64,
     /// Within [`RTT_TOLERANCE`].
     pub rtt_ok: bool,
@@ -59,11 +60,43 @@ impl SelfCheck {
     }
 }
 
-/// Mean RTT in ms from `ping -q` output (`rtt min/avg/max/mdev = a/b/c/d ms`).
-pub fn parse_ping_avg(output: &str) -> Option<f64> {
-    let line = output.lines().find(|l| l.contains("min/avg/max"))?;
-    let values = line.split('=').nth(1)?.trim();
-    values.split('/').nth(1)?.trim().parse().ok()
+/// Median RTT in ms of the replies in `ping` output (`... time=60.2 ms`).
+pub fn parse_ping_median(output: &str) -> Option<f64> {
+    let mut times: Vec<f64> = output
+        .lines()
+        .filter_map(|l| l.split("time=").nth(1))
+        .filter_map(|t| t.split_whitespace().next()?.parse().ok())
+        .collect();
+    times.sort_by(f64::total_cmp);
+    let n = times.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(times[n / 2]),
+        _ => Some((times[n / 2 - 1] + times[n / 2]) / 2.0),
+    }
+}
+
+/// The delay element's releases more than 1 ms late so far (0 when its statistics cannot be
+/// read).
+fn late_releases(lab: &Lab) -> u64 {
+    super::element::read_stats(&lab.element_stats_path())
+        .map_or(0, |e| e.queues.iter().map(|q| q.late_over_1ms).sum())
+}
+
+/// Pings the receiver 20 times from sender 1: the median RTT in ms, and how many of the
+/// delay element's releases were over 1 ms late meanwhile (it publishes its statistics
+/// twice a second, hence the wait).
+fn ping(lab: &Lab) -> Result<(f64, u64), LabError> {
+    let target = Host::Receiver.addr().to_string();
+    let before = late_releases(lab);
+    let out = run(lab
+        .command(Host::Sender(1), "ping")
+        .args(["-c", "20", "-i", "0.05", "-W", "3", &target]))?;
+    std::thread::sleep(Duration::from_millis(600));
+    Ok((
+        parse_ping_median(&out).unwrap_or(f64::NAN),
+        late_releases(lab).saturating_sub(before),
+    ))
 }
 
 /// Runs the checks on `lab` and records them in its state.
@@ -74,13 +107,17 @@ pub fn run_checks(lab: &mut Lab) -> Result<SelfCheck, LabError> {
     let _ = run(lab
         .command(Host::Sender(1), "ping")
         .args(["-c", "1", "-W", "3", &target]));
-    let out = run(lab
-        .command(Host::Sender(1), "ping")
-        .args(["-q", "-c", "20", "-i", "0.05", "-W", "3", &target]))?;
     let rtt_set_ms = spec.rtt_of(1).as_secs_f64() * 1e3;
-    let rtt_measured_ms = parse_ping_avg(&out).unwrap_or(f64::NAN);
-    let rtt_ok = (rtt_measured_ms / rtt_set_ms - 1.0).abs() <= RTT_TOLERANCE;
+    let within = |ms: f64| (ms / rtt_set_ms - 1.0).abs() <= RTT_TOLERANCE;
     let mut notes = Vec::new();
+    let (mut rtt_measured_ms, late) = ping(lab)?;
+    if !within(rtt_measured_ms) && late > 0 {
+        notes.push(format!(
+            "ping measured {rtt_measured_ms:.2} ms while {late} of the delay element's releases were over 1 ms late (the host was busy): measured again"
+        ));
+        rtt_measured_ms = ping(lab)?.0;
+    }
+    let rtt_ok = within(rtt_measured_ms);
     if !rtt_ok {
         notes.push(format!(
             "ping measured {rtt_measured_ms:.2} ms for a {rtt_set_ms:.2} ms setting (more than {:.0} % off): the delay element is late; see `hsxfer lab status`",
@@ -151,9 +188,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ping_summary_gives_the_mean() {
-        let out = "--- 10.77.0.2 ping statistics ---\n20 packets transmitted, 20 received, 0% packet loss, time 960ms\nrtt min/avg/max/mdev = 60.101/60.254/60.512/0.093 ms\n";
-        assert_eq!(parse_ping_avg(out), Some(60.254));
-        assert_eq!(parse_ping_avg("100% packet loss"), None);
+    fn ping_replies_give_the_median() {
+        let out = "PING 10.77.0.2 (10.77.0.2) 56(84) bytes of data.\n\
+            64 bytes from 10.77.0.2: icmp_seq=1 ttl=63 time=60.2 ms\n\
+            64 bytes from 10.77.0.2: icmp_seq=2 ttl=63 time=75.9 ms\n\
+            64 bytes from 10.77.0.2: icmp_seq=3 ttl=63 time=60.1 ms\n\n\
+            --- 10.77.0.2 ping statistics ---\n\
+            rtt min/avg/max/mdev = 60.101/65.4/75.9/7.3 ms\n";
+        assert_eq!(parse_ping_median(out), Some(60.2));
+        assert_eq!(parse_ping_median("100% packet loss"), None);
     }
 }

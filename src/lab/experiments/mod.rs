@@ -9,11 +9,14 @@
 //!   (seed 003 §5.7).
 //! - [`convergence`]: time for a second connection to reach 80 % of the first's window
 //!   (seed 003 Fig. 5.8).
+//! - [`probe`]: `hsxfer probe`'s pick and copies with no flags against an exhaustive sweep
+//!   of congestion control × channels × pacing on five paths.
 
 pub mod analysis;
 pub mod convergence;
 pub mod fairness;
 pub mod plot;
+pub mod probe;
 pub mod sync;
 pub mod utilization;
 
@@ -37,15 +40,18 @@ pub enum Experiment {
     Fairness,
     /// Convergence of a late second connection.
     Convergence,
+    /// The probe and tuning benchmark.
+    Probe,
 }
 
 impl Experiment {
     /// Every experiment, in the order of the issue.
-    pub const ALL: [Experiment; 4] = [
+    pub const ALL: [Experiment; 5] = [
         Experiment::Utilization,
         Experiment::Sync,
         Experiment::Fairness,
         Experiment::Convergence,
+        Experiment::Probe,
     ];
 }
 
@@ -56,6 +62,7 @@ impl fmt::Display for Experiment {
             Experiment::Sync => "sync",
             Experiment::Fairness => "fairness",
             Experiment::Convergence => "convergence",
+            Experiment::Probe => "probe",
         })
     }
 }
@@ -69,7 +76,7 @@ impl FromStr for Experiment {
             .find(|e| e.to_string() == s)
             .ok_or_else(|| {
                 format!(
-                    "unknown experiment '{s}': choose utilization, sync, fairness or convergence"
+                    "unknown experiment '{s}': choose utilization, sync, fairness, convergence or probe"
                 )
             })
     }
@@ -120,6 +127,7 @@ pub fn run(
         Experiment::Sync => sync::run(opts, log)?,
         Experiment::Fairness => fairness::run(opts, log)?,
         Experiment::Convergence => convergence::run(opts, log)?,
+        Experiment::Probe => probe::run(opts, log)?,
     };
     let md = opts.out.join(format!("{experiment}.md"));
     let json = opts.out.join(format!("{experiment}.json"));

@@ -1,0 +1,564 @@
+//! The tuning benchmark (`hsxfer lab run probe`): on five emulated paths, an exhaustive sweep
+//! of congestion control × channels × pacing, then what `hsxfer probe` picks and how long it
+//! takes, the pick measured as the sweep measures, a first 2 GiB copy with no flags and no
+//! profile, and a copy with no flags after the probe. On the tiny-queue path, GridFTP's
+//! `globus-url-copy -fast -p 8` pushes the same file when it is installed.
+//!
+//! The paths: (a) 1 Gbit/s × 60 ms × 64 packets, (b) 1 Gbit/s × 20 ms × 1 BDP, (c) 500 Mbit/s
+//! × 120 ms × 0.25 BDP, (d) 1 Gbit/s × 60 ms × 1 BDP with 0.1 % random loss, (e) 1 Gbit/s ×
+//! 120 ms × 1 BDP with the receiver's `tcp_rmem` maximum at 4 MiB.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::{choose_ccs, describe, lateness, pct, OwnedLab, Report, RunOptions};
+use crate::lab::flows::FlowSpec;
+use crate::lab::topology::SERVER_PORT;
+use crate::lab::{Host, Lab, LabError, LabSpec, QueueSize};
+
+/// Congestion controls of the sweep (those registered on the host).
+const SWEEP_CCS: &[&str] = &["cubic", "reno", "dmctcp", "htcp", "bbr"];
+
+/// Size of the copies.
+const COPY_BYTES: u64 = 2 << 30;
+
+/// One emulated path of the benchmark.
+struct Case {
+    tag: &'static str,
+    spec: LabSpec,
+    /// The receiver's `net.ipv4.tcp_rmem` maximum, when capped.
+    rmem_max: Option<u64>,
+}
+
+fn cases(opts: &RunOptions) -> Vec<Case> {
+    let spec = |tag: &str, rate: u64, rtt_ms: u64, queue: QueueSize, loss: Option<f64>| LabSpec {
+        name: format!("{}{tag}", opts.lab_name),
+        rate_bps: rate,
+        rtts: vec![Duration::from_millis(rtt_ms)],
+        queue,
+        loss,
+        ..LabSpec::default()
+    };
+    if opts.quick {
+        return vec![
+            Case {
+                tag: "a",
+                spec: spec("a", 200_000_000, 40, QueueSize::Packets(16), None),
+                rmem_max: None,
+            },
+            Case {
+                tag: "e",
+                spec: spec("e", 200_000_000, 40, QueueSize::Bdp(1.0), None),
+                rmem_max: Some(256 << 10),
+            },
+        ];
+    }
+    let g = 1_000_000_000;
+    vec![
+        Case {
+            tag: "a",
+            spec: spec("a", g, 60, QueueSize::Packets(64), None),
+            rmem_max: None,
+        },
+        Case {
+            tag: "b",
+            spec: spec("b", g, 20, QueueSize::Bdp(1.0), None),
+            rmem_max: None,
+        },
+        Case {
+            tag: "c",
+            spec: spec("c", 500_000_000, 120, QueueSize::Bdp(0.25), None),
+            rmem_max: None,
+        },
+        Case {
+            tag: "d",
+            spec: spec("d", g, 60, QueueSize::Bdp(1.0), Some(0.001)),
+            rmem_max: None,
+        },
+        Case {
+            tag: "e",
+            spec: spec("e", g, 120, QueueSize::Bdp(1.0), None),
+            rmem_max: Some(4 << 20),
+        },
+    ]
+}
+
+/// One sweep run.
+struct Row {
+    cc: String,
+    channels: u16,
+    paced: bool,
+    goodput_bps: f64,
+    retransmits: u64,
+}
+
+/// What one path gave.
+struct Outcome {
+    tag: &'static str,
+    description: String,
+    ceiling_bps: f64,
+    rows: Vec<Row>,
+    probe: Option<Value>,
+    probe_error: Option<String>,
+    pick_bps: Option<f64>,
+    first_copy_bps: Option<f64>,
+    profiled_copy_bps: Option<f64>,
+    gridftp_bps: Option<Result<f64, String>>,
+    lateness: (u64, u64),
+}
+
+/// Runs the benchmark.
+pub fn run(opts: &RunOptions, log: &mut dyn FnMut(&str)) -> Result<Report, LabError> {
+    let (channels, seconds, warmup): (Vec<u16>, f64, f64) = if opts.quick {
+        (vec![1, 4], 5.0, 2.0)
+    } else {
+        (vec![1, 2, 4, 8, 16], 10.0, 3.0)
+    };
+    let seconds = opts.seconds.unwrap_or(seconds);
+    let channels = opts.channels.clone().unwrap_or(channels);
+    let (ccs, skipped) = choose_ccs(opts, SWEEP_CCS)?;
+    let file = opts.out.join("probe-copy.bin");
+    write_file(&file, if opts.quick { 256 << 20 } else { COPY_BYTES })?;
+    let mut outcomes = Vec::new();
+    for case in cases(opts) {
+        outcomes.push(run_case(
+            &case, opts, &ccs, &channels, seconds, warmup, &file, log,
+        )?);
+    }
+    let _ = std::fs::remove_file(&file);
+    Ok(report(
+        opts, &outcomes, &ccs, &skipped, &channels, seconds, warmup,
+    ))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_case(
+    case: &Case,
+    opts: &RunOptions,
+    ccs: &[String],
+    channels: &[u16],
+    seconds: f64,
+    warmup: f64,
+    file: &Path,
+    log: &mut dyn FnMut(&str),
+) -> Result<Outcome, LabError> {
+    let lab = OwnedLab::up(&case.spec, opts)?;
+    if let Some(max) = case.rmem_max {
+        crate::lab::topology::run(
+            lab.0
+                .command(Host::Receiver, "sysctl")
+                .args(["-qw", &format!("net.ipv4.tcp_rmem=4096 131072 {max}")]),
+        )?;
+    }
+    let spec = &case.spec;
+    let ceiling = spec.goodput_ceiling_bps();
+    let wire_rate = format!("{}", spec.rate_bps);
+    let mut rows = Vec::new();
+    for cc in ccs {
+        for &n in channels {
+            for paced in [false, true] {
+                let mut flow = FlowSpec::new(cc, n, seconds);
+                // Buffers as a copy sizes them, so the sweep and the copies compare.
+                flow.extra = ["--tune", "off", "--buffer", "auto"]
+                    .map(String::from)
+                    .to_vec();
+                if paced {
+                    flow.extra
+                        .extend(["--pace", "auto", "--rate", &wire_rate].map(String::from));
+                }
+                let r = match lab.0.run_flow(&flow) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        log(&format!("probe ({}): {cc} ×{n} failed: {e}", case.tag));
+                        continue;
+                    }
+                };
+                let goodput = r.goodput_after(warmup);
+                log(&format!(
+                    "probe ({}): {cc} ×{n} {}: {:.1} Mbit/s = {}",
+                    case.tag,
+                    if paced { "paced" } else { "unpaced" },
+                    goodput / 1e6,
+                    pct(goodput / ceiling)
+                ));
+                rows.push(Row {
+                    cc: cc.clone(),
+                    channels: n,
+                    paced,
+                    goodput_bps: goodput,
+                    retransmits: r.summary_f64("retransmits") as u64,
+                });
+            }
+        }
+    }
+    let server = Host::Receiver.addr().to_string();
+    let token = lab.0.state.token_file.to_string_lossy().into_owned();
+    let cache = lab.0.dir().join("cache");
+    let _ = std::fs::remove_dir_all(&cache);
+    let first_copy_bps = copy(&lab.0, file, &server, &token).ok();
+    log(&format!(
+        "probe ({}): first copy, no flags, no profile: {}",
+        case.tag,
+        mbit(first_copy_bps)
+    ));
+    let _ = std::fs::remove_dir_all(&cache);
+    let (probe, probe_error) = match hsxfer_json(
+        &lab.0,
+        &["probe", "--json", "--token-file", &token, &server],
+    ) {
+        Ok(v) => (Some(v), None),
+        Err(e) => (None, Some(e.to_string())),
+    };
+    let mut pick_bps = None;
+    let mut profiled_copy_bps = None;
+    if let Some(p) = &probe {
+        let rec = &p["recommendation"];
+        log(&format!(
+            "probe ({}): picked {} in {:.1} s",
+            case.tag,
+            p["flags"],
+            p["seconds"].as_f64().unwrap_or(0.0)
+        ));
+        let mut flow = FlowSpec::new(
+            rec["cc"].as_str().unwrap_or("cubic"),
+            rec["channels"].as_u64().unwrap_or(4) as u16,
+            seconds,
+        );
+        flow.extra = ["--tune", "off", "--buffer", "auto"]
+            .map(String::from)
+            .to_vec();
+        if rec["pace_bps"].is_u64() {
+            flow.extra
+                .extend(["--pace", "auto", "--rate", &wire_rate].map(String::from));
+        }
+        pick_bps = lab.0.run_flow(&flow).ok().map(|r| r.goodput_after(warmup));
+        profiled_copy_bps = copy(&lab.0, file, &server, &token).ok();
+        log(&format!(
+            "probe ({}): pick measured {}, copy after the probe {}",
+            case.tag,
+            mbit(pick_bps),
+            mbit(profiled_copy_bps)
+        ));
+    }
+    let gridftp_bps = (case.tag == "a").then(|| gridftp(&lab.0, file).map_err(|e| e.to_string()));
+    if let Some(g) = &gridftp_bps {
+        log(&format!(
+            "probe ({}): globus-url-copy -fast -p 8: {g:?}",
+            case.tag
+        ));
+    }
+    Ok(Outcome {
+        tag: case.tag,
+        description: describe(spec, lab.0.state.queue_packets)
+            + &spec
+                .loss
+                .map_or(String::new(), |l| format!(", {} % random loss", l * 100.0))
+            + &case.rmem_max.map_or(String::new(), |m| {
+                format!(", receiver tcp_rmem max {} KiB", m >> 10)
+            }),
+        ceiling_bps: ceiling,
+        rows,
+        probe,
+        probe_error,
+        pick_bps,
+        first_copy_bps,
+        profiled_copy_bps,
+        gridftp_bps,
+        lateness: lateness(&lab.0),
+    })
+}
+
+fn mbit(b: Option<f64>) -> String {
+    b.map_or("failed".into(), |b| format!("{:.1} Mbit/s", b / 1e6))
+}
+
+/// Writes `bytes` of incompressible data to `path` (once per benchmark).
+fn write_file(path: &Path, bytes: u64) -> Result<(), LabError> {
+    if std::fs::metadata(path).is_ok_and(|m| m.len() == bytes) {
+        return Ok(());
+    }
+    let out = Command::new("head")
+        .args(["-c", &bytes.to_string(), "/dev/urandom"])
+        .stdout(
+            std::fs::File::create(path)
+                .map_err(LabError::io(format!("creating {}", path.display())))?,
+        )
+        .status()
+        .map_err(LabError::io("writing the copy's file"))?;
+    if out.success() {
+        Ok(())
+    } else {
+        Err(LabError::Invalid("could not write the copy's file".into()))
+    }
+}
+
+/// Runs hsxfer on sender 1 and returns its last JSON line.
+fn hsxfer_json(lab: &Lab, args: &[&str]) -> Result<Value, LabError> {
+    let out = lab
+        .hsxfer(Host::Sender(1))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(LabError::io("running hsxfer"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last = text.lines().last().unwrap_or_default();
+    match serde_json::from_str::<Value>(last) {
+        Ok(v) if out.status.success() => Ok(v),
+        _ => Err(LabError::Command {
+            command: format!("hsxfer {}", args.join(" ")),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        }),
+    }
+}
+
+/// A copy with no flags (a profile is used if the lab's cache holds one); its goodput.
+fn copy(lab: &Lab, file: &Path, server: &str, token: &str) -> Result<f64, LabError> {
+    let v = hsxfer_json(
+        lab,
+        &[
+            "copy",
+            "--json",
+            "--token-file",
+            token,
+            &file.to_string_lossy(),
+            &format!("{server}:probe-copy.bin"),
+        ],
+    )?;
+    let _ = std::fs::remove_file(lab.dir().join("data").join("probe-copy.bin"));
+    Ok(v["goodput_bps"].as_f64().unwrap_or(0.0))
+}
+
+/// Pushes `file` with `globus-url-copy -fast -p 8` to a GridFTP server on the receiver; the
+/// rate over the whole command, as its users see it.
+fn gridftp(lab: &Lab, file: &Path) -> Result<f64, LabError> {
+    let missing = |p: &str| {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {p}")])
+            .output()
+            .map_or(true, |o| !o.status.success())
+    };
+    if missing("globus-gridftp-server") || missing("globus-url-copy") {
+        return Err(LabError::Missing {
+            program: "globus-url-copy".into(),
+            hint: "apt-get install globus-gridftp-server-progs globus-gass-copy-progs".into(),
+        });
+    }
+    let ns = lab.spec().namespace(Host::Receiver);
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map_err(LabError::io("reading the host name"))?;
+    let server_ip = Host::Receiver.addr().to_string();
+    // GridFTP resolves its own host name: inside the namespace it must name the receiver.
+    let etc = PathBuf::from("/etc/netns").join(&ns);
+    std::fs::create_dir_all(&etc).map_err(LabError::io("creating /etc/netns"))?;
+    std::fs::write(
+        etc.join("hosts"),
+        format!("127.0.0.1 localhost\n{server_ip} {}\n", host.trim()),
+    )
+    .map_err(LabError::io("writing the namespace's hosts"))?;
+    let dir = lab.dir().join("gridftp");
+    std::fs::create_dir_all(&dir).map_err(LabError::io("creating the GridFTP directory"))?;
+    let _ = Command::new("chmod").args(["777"]).arg(&dir).status();
+    let port = (SERVER_PORT + 11).to_string();
+    let mut server = lab
+        .command(Host::Receiver, "globus-gridftp-server")
+        .args([
+            "-c",
+            "/dev/null",
+            "-aa",
+            "-anonymous-user",
+            "nobody",
+            "-p",
+            &port,
+        ])
+        .args([
+            "-control-interface",
+            &server_ip,
+            "-data-interface",
+            &server_ip,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(LabError::io("starting globus-gridftp-server"))?;
+    std::thread::sleep(Duration::from_secs(1));
+    let url = format!("ftp://{server_ip}:{port}{}/probe-copy.bin", dir.display());
+    let started = Instant::now();
+    let out = lab
+        .command(Host::Sender(1), "globus-url-copy")
+        .args(["-fast", "-p", "8"])
+        .arg(format!("file://{}", file.display()))
+        .arg(&url)
+        .output();
+    let took = started.elapsed().as_secs_f64();
+    let _ = server.kill();
+    let _ = server.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&etc);
+    let out = out.map_err(LabError::io("running globus-url-copy"))?;
+    if !out.status.success() {
+        return Err(LabError::Command {
+            command: format!("globus-url-copy -fast -p 8 … {url}"),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    let bytes = std::fs::metadata(file).map_or(0, |m| m.len());
+    Ok(bytes as f64 * 8.0 / took)
+}
+
+fn report(
+    opts: &RunOptions,
+    outcomes: &[Outcome],
+    ccs: &[String],
+    skipped: &[String],
+    channels: &[u16],
+    seconds: f64,
+    warmup: f64,
+) -> Report {
+    let mut md = format!(
+        "# Tuning: probe and first copies against an exhaustive sweep\n\nEach sweep run is a {seconds} s `bench` with the flags shown, `--tune off` and `--buffer auto` (as copies size buffers; paced: `--pace auto --rate` the bottleneck, caps adding up to 0.97 × its goodput rate; unpaced: `--pace off`), measured after {warmup} s. The pick is what `hsxfer probe --json` (default 10 s budget, `--policy fair`) recommends, measured the same way. Copies push a {} file with no flags: the first with no profile (online tuning only), the second after the probe (its profile). Utilization = goodput / goodput ceiling.\n\n",
+        if opts.quick { "256 MiB" } else { "2 GiB" }
+    );
+    if !skipped.is_empty() {
+        md += &format!(
+            "Not registered on this host, so not swept: {} (`hsxfer cc load` registers the bundled ones).\n\n",
+            skipped.join(", ")
+        );
+    }
+    let mut paths = Vec::new();
+    for o in outcomes {
+        let u = |b: f64| pct(b / o.ceiling_bps);
+        md += &format!(
+            "## ({}) {}\n\nGoodput ceiling {:.1} Mbit/s; delay-element lateness p99 {} µs, max {} µs.\n\n| cc | pacing |",
+            o.tag,
+            o.description,
+            o.ceiling_bps / 1e6,
+            o.lateness.0,
+            o.lateness.1
+        );
+        for n in channels {
+            md += &format!(" ×{n} |");
+        }
+        md += "\n|---|---|";
+        for _ in channels {
+            md += "---|";
+        }
+        md += "\n";
+        for cc in ccs {
+            for paced in [false, true] {
+                md += &format!("| {cc} | {} |", if paced { "auto" } else { "off" });
+                for n in channels {
+                    let cell = o
+                        .rows
+                        .iter()
+                        .find(|r| &r.cc == cc && r.paced == paced && r.channels == *n)
+                        .map_or("–".into(), |r| u(r.goodput_bps));
+                    md += &format!(" {cell} |");
+                }
+                md += "\n";
+            }
+        }
+        let best = |fair: bool| {
+            o.rows
+                .iter()
+                .filter(|r| !fair || !r.cc.starts_with("bbr"))
+                .max_by(|a, b| a.goodput_bps.total_cmp(&b.goodput_bps))
+        };
+        let line = |r: Option<&Row>| {
+            r.map_or("–".into(), |r| {
+                format!(
+                    "{} ×{} {} = {}",
+                    r.cc,
+                    r.channels,
+                    if r.paced { "paced" } else { "unpaced" },
+                    u(r.goodput_bps)
+                )
+            })
+        };
+        md += &format!(
+            "\nBest of the sweep: {} (fair: loss-based only); {} (any).\n\n",
+            line(best(true)),
+            line(best(false))
+        );
+        let fair_best = best(true).map(|r| r.goodput_bps);
+        let ratio = |x: Option<f64>| match (x, fair_best) {
+            (Some(x), Some(b)) if b > 0.0 => format!("{:.2} of the best", x / b),
+            _ => "–".into(),
+        };
+        match &o.probe {
+            Some(p) => {
+                md += &format!(
+                    "- **Probe**: `{}` in {:.1} s (rate {} , RTT {:.2} ms, queue {}); measured {} = {}, {}.\n",
+                    p["flags"].as_str().unwrap_or(""),
+                    p["seconds"].as_f64().unwrap_or(0.0),
+                    p["rate_bps"].as_f64().map_or("not reached".into(), |r| format!("{:.1} Mbit/s", r / 1e6)),
+                    p["rtt_ms"].as_f64().unwrap_or(0.0),
+                    p["queue_packets"].as_f64().map_or("unknown".into(), |q| format!("~{q:.0} packets")),
+                    mbit(o.pick_bps),
+                    o.pick_bps.map_or("–".into(), u),
+                    ratio(o.pick_bps)
+                );
+            }
+            None => {
+                md += &format!(
+                    "- **Probe** failed: {}\n",
+                    o.probe_error.as_deref().unwrap_or("?")
+                )
+            }
+        }
+        md += &format!(
+            "- **First copy, no flags, no profile**: {} = {}, {}.\n- **Copy after the probe, no flags**: {} = {}.\n",
+            mbit(o.first_copy_bps),
+            o.first_copy_bps.map_or("–".into(), u),
+            ratio(o.first_copy_bps),
+            mbit(o.profiled_copy_bps),
+            o.profiled_copy_bps.map_or("–".into(), u),
+        );
+        if let Some(g) = &o.gridftp_bps {
+            md += &match g {
+                Ok(b) => format!(
+                    "- **GridFTP** `globus-url-copy -fast -p 8`, same file: {:.1} Mbit/s = {}; the copy after the probe is {}× that.\n",
+                    b / 1e6,
+                    u(*b),
+                    o.profiled_copy_bps
+                        .map_or("–".into(), |c| format!("{:.2}", c / b))
+                ),
+                Err(e) => format!("- **GridFTP** not run: {e}\n"),
+            };
+        }
+        md += "\n";
+        paths.push(json!({
+            "path": o.tag,
+            "description": o.description,
+            "goodput_ceiling_bps": o.ceiling_bps,
+            "lateness_p99_us": o.lateness.0,
+            "lateness_max_us": o.lateness.1,
+            "sweep": o.rows.iter().map(|r| json!({
+                "cc": r.cc, "channels": r.channels, "paced": r.paced,
+                "goodput_bps": r.goodput_bps, "retransmits": r.retransmits,
+            })).collect::<Vec<_>>(),
+            "probe": o.probe,
+            "probe_error": o.probe_error,
+            "pick_goodput_bps": o.pick_bps,
+            "first_copy_goodput_bps": o.first_copy_bps,
+            "profiled_copy_goodput_bps": o.profiled_copy_bps,
+            "gridftp_bps": o.gridftp_bps.as_ref().and_then(|g| g.as_ref().ok()),
+        }));
+    }
+    let json = json!({
+        "experiment": "probe",
+        "quick": opts.quick,
+        "seconds": seconds,
+        "warmup_s": warmup,
+        "skipped_ccs": skipped,
+        "paths": paths,
+    });
+    Report {
+        markdown: md,
+        json,
+        files: Vec::new(),
+    }
+}
