@@ -262,6 +262,18 @@ fn json_events_follow_the_documented_schema() {
     assert!(per_channel(0) >= 3 && per_channel(1) >= 3, "{events:#?}");
 }
 
+/// A value the argument parser refuses: exit 2 (usage), the first line says what to use.
+fn refused_as_usage(args: &[&str], needle: &str) {
+    let out = hsxfer(args);
+    assert_eq!(out.status.code(), Some(2), "{args:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let first = err.lines().next().unwrap_or_default();
+    assert!(
+        first.contains(needle),
+        "{args:?}: expected '{needle}' in: {err}"
+    );
+}
+
 fn fails_with(args: &[&str], needle: &str) {
     let out = hsxfer(args);
     assert_eq!(out.status.code(), Some(1), "{args:?}");
@@ -397,4 +409,141 @@ fn a_full_disk_fails_cleanly_with_no_file_under_the_final_name() {
         "No space left",
     );
     assert!(!small.join("f").exists());
+}
+
+#[test]
+fn probe_and_profiles_give_one_line_errors_and_warnings() {
+    let dir = tempfile::tempdir().unwrap();
+    let closed = free_port().to_string();
+    fails_with(
+        &["probe", "--no-auth", "--port", &closed, "127.0.0.1"],
+        "cannot connect",
+    );
+    fails_with(
+        &["probe", "--no-auth", "no-such-host.invalid"],
+        "cannot resolve host",
+    );
+    refused_as_usage(
+        &["probe", "--no-auth", "--direction", "sideways", "127.0.0.1"],
+        "push or pull",
+    );
+    refused_as_usage(
+        &["copy", "--tune", "maybe", "a", "127.0.0.1:b"],
+        "auto, probe or off",
+    );
+    let port = free_port();
+    let _s = serve(dir.path(), port);
+    let p = port.to_string();
+    // On loopback the first trial alone takes 2 s: one second cannot hold a probe.
+    fails_with(
+        &[
+            "probe",
+            "--no-auth",
+            "--port",
+            &p,
+            "--budget",
+            "1s",
+            "127.0.0.1",
+        ],
+        "--budget",
+    );
+    // A corrupt saved profile is reported, ignored, and does not stop the transfer.
+    let cache = std::path::PathBuf::from(std::env::var_os("XDG_CACHE_HOME").unwrap());
+    let profiles = cache.join("hsxfer").join("profiles");
+    fs::create_dir_all(&profiles).unwrap();
+    let file = profiles.join(format!("127.0.0.1_{port}_push.json"));
+    fs::write(&file, "{\"server\": 12").unwrap();
+    let out = hsxfer(&[
+        "bench",
+        "--no-auth",
+        "--port",
+        &p,
+        "--size",
+        "4M",
+        "127.0.0.1",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("unreadable") && err.contains("will be rewritten") && err.lines().count() == 1,
+        "{err}"
+    );
+}
+
+/// Runs hsxfer with its open-files limit at 1,024, soft and hard, as on many hosts.
+fn limited() -> Command {
+    common::isolate_profiles();
+    let mut c = Command::new("prlimit");
+    c.args(["--nofile=1024:1024", BIN]);
+    c
+}
+
+#[test]
+fn a_2000_file_tree_pushes_and_pulls_at_ulimit_n_1024() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    // Three 4 KiB blocks per file: each has a partial file and a journal while it is
+    // received, two descriptors, so the tree held open at once would need 4,000.
+    for i in 0..2000 {
+        let d = src.join(format!("d{:02}", i % 20));
+        fs::create_dir_all(&d).unwrap();
+        fs::write(d.join(format!("f{i:04}")), vec![(i % 251) as u8; 9000 + i]).unwrap();
+    }
+    let root = dir.path().join("root");
+    fs::create_dir(&root).unwrap();
+    let port = free_port();
+    let server = limited()
+        .args(["serve", "--no-auth", "--port", &port.to_string(), "--root"])
+        .arg(&root)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _server = ServerProc(server);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let p = port.to_string();
+    let push = limited()
+        .args([
+            "copy",
+            "--no-auth",
+            "--port",
+            &p,
+            "-r",
+            "--block-size",
+            "4K",
+        ])
+        .arg(&src)
+        .arg("127.0.0.1:")
+        .output()
+        .unwrap();
+    assert!(
+        push.status.success(),
+        "{}",
+        String::from_utf8_lossy(&push.stderr)
+    );
+    assert_eq!(common::snapshot(&src), common::snapshot(&root.join("src")));
+    let back = dir.path().join("back");
+    let pull = limited()
+        .args([
+            "copy",
+            "--no-auth",
+            "--port",
+            &p,
+            "-r",
+            "--block-size",
+            "4K",
+            "127.0.0.1:src",
+        ])
+        .arg(&back)
+        .output()
+        .unwrap();
+    assert!(
+        pull.status.success(),
+        "{}",
+        String::from_utf8_lossy(&pull.stderr)
+    );
+    assert_eq!(common::snapshot(&src), common::snapshot(&back));
 }

@@ -213,6 +213,12 @@ impl SendPlanner {
         self.files.get(&file).map(|f| f.size)
     }
 
+    /// Files announced and neither committed nor skipped yet: what the receiver may hold
+    /// open.
+    pub fn unfinished(&self) -> usize {
+        self.files.len() - self.finished_files
+    }
+
     /// True when the manifest is complete and every file is committed or skipped.
     pub fn finished(&self) -> bool {
         self.manifest_complete && self.finished_files == self.files.len()

@@ -323,6 +323,7 @@ struct BenchArgs {
 /// byte arrived and was verified).
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    raise_open_files_limit();
     let default_level = match cli.command {
         Command::Serve(_) => "info",
         _ => "warn",
@@ -349,6 +350,19 @@ pub fn main() -> ExitCode {
         Err(e) => {
             output::error(mode, &e);
             ExitCode::from(1)
+        }
+    }
+}
+
+/// Raises the soft limit on open files to the hard one: the usual soft limit of 1,024 is a
+/// default for interactive shells, and a server serves many sessions of many channels each.
+/// Transfers bound what they hold open anyway (`session::source::MAX_UNFINISHED_FILES`), so
+/// a hard limit of 1,024 works too.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
         }
     }
 }

@@ -144,7 +144,9 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
         let mut report = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         loop {
             let rate = self.live.total() as f64 / self.live.elapsed().max(1e-3);
-            while let Some((entries, last)) = self.source.next_chunk(announced - done, rate) {
+            while let Some((entries, last)) =
+                self.source.next_chunk(planner.unfinished() as u64, rate)
+            {
                 for e in &entries {
                     if let EntryKind::File { size } = e.kind {
                         announced += 1;

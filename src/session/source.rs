@@ -11,6 +11,12 @@ use crate::fsio::source::{read_block, SourceTree};
 
 /// Manifest entries per control message.
 pub const MANIFEST_CHUNK: usize = 1000;
+/// Files of a tree announced and not yet committed or skipped, at most. The receiver holds
+/// each open (a partial file, and its journal when it has several blocks) until it commits
+/// it, so the whole tree announced at once took two descriptors per file: a 2,000-file push
+/// failed at the usual `ulimit -n 1024`. 256 files ahead still keep every channel busy (a
+/// round trip per file is paid only once per 256 files).
+pub const MAX_UNFINISHED_FILES: u64 = 256;
 /// Largest generated file in bench mode.
 pub const GENERATED_FILE_MAX: u64 = 256 << 20;
 /// Generated files announced ahead of completion on a short path.
@@ -99,6 +105,23 @@ pub async fn read_file_block(
     })
 }
 
+/// Where a manifest chunk starting at `next` ends: at most [`MANIFEST_CHUNK`] entries and
+/// `room` files (directories hold nothing open, so they do not count).
+fn chunk_end(entries: &[Entry], next: usize, room: usize) -> usize {
+    let mut files = 0;
+    let mut end = next;
+    while end < entries.len() && end - next < MANIFEST_CHUNK {
+        if matches!(entries[end].kind, EntryKind::File { .. }) {
+            if files == room {
+                break;
+            }
+            files += 1;
+        }
+        end += 1;
+    }
+    end
+}
+
 impl SendSource {
     /// A source sending the files of `tree`.
     pub fn tree(tree: SourceTree) -> Self {
@@ -135,15 +158,17 @@ impl SendSource {
     }
 
     /// The next manifest chunk, if one should be announced now. `unfinished` is the number of
-    /// announced files not yet done (generated data is announced only a few files ahead) and
-    /// `rate` the bytes per second carried so far (it sizes generated files).
+    /// announced files neither committed nor skipped (a tree is announced at most
+    /// [`MAX_UNFINISHED_FILES`] ahead, generated data only a few files ahead) and `rate` the
+    /// bytes per second carried so far (it sizes generated files).
     pub fn next_chunk(&mut self, unfinished: u64, rate: f64) -> Option<(Vec<Entry>, bool)> {
         match self {
             SendSource::Tree { tree, next, ended } => {
-                if *ended {
+                if *ended || unfinished >= MAX_UNFINISHED_FILES {
                     return None;
                 }
-                let end = (*next + MANIFEST_CHUNK).min(tree.entries.len());
+                let room = (MAX_UNFINISHED_FILES - unfinished) as usize;
+                let end = chunk_end(&tree.entries, *next, room);
                 let chunk = tree.entries[*next..end].to_vec();
                 *next = end;
                 *ended = end == tree.entries.len();
@@ -185,5 +210,54 @@ impl SendSource {
                 Some((vec![e], false))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(id: u32, dir: bool) -> Entry {
+        Entry {
+            id,
+            path: format!("e{id}"),
+            mode: 0o644,
+            mtime_ns: 0,
+            kind: if dir {
+                EntryKind::Dir
+            } else {
+                EntryKind::File { size: 1 }
+            },
+        }
+    }
+
+    #[test]
+    fn a_tree_is_announced_at_most_so_many_unfinished_files_ahead() {
+        // 1,500 files with a directory every 100 entries.
+        let entries: Vec<Entry> = (0..1500).map(|i| entry(i, i % 100 == 0)).collect();
+        assert_eq!(chunk_end(&entries, 0, 5), 6, "the directory does not count");
+        assert_eq!(chunk_end(&entries, 0, 10_000), MANIFEST_CHUNK);
+        assert_eq!(chunk_end(&entries, 1400, 10_000), 1500);
+        let mut tree = SourceTree::default();
+        tree.entries = entries;
+        let mut src = SendSource::tree(tree);
+        let (first, last) = src.next_chunk(0, 0.0).unwrap();
+        let files = first
+            .iter()
+            .filter(|e| matches!(e.kind, EntryKind::File { .. }))
+            .count();
+        assert_eq!(files as u64, MAX_UNFINISHED_FILES);
+        assert!(!last);
+        assert!(
+            src.next_chunk(MAX_UNFINISHED_FILES, 0.0).is_none(),
+            "the window is full"
+        );
+        let (more, _) = src.next_chunk(MAX_UNFINISHED_FILES - 3, 0.0).unwrap();
+        assert_eq!(
+            more.iter()
+                .filter(|e| matches!(e.kind, EntryKind::File { .. }))
+                .count(),
+            3
+        );
     }
 }
