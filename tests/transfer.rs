@@ -202,3 +202,55 @@ async fn bench_moves_exactly_the_requested_bytes_both_ways() {
         "bench writes no files"
     );
 }
+
+/// A server that answers the handshake and pings as an older hsxfer does, and closes the
+/// connection on any other message (it cannot decode the probe's request for its facts).
+async fn older_server() -> std::net::SocketAddr {
+    use hsxfer::channels::auth::{self, Hello, TokenKey};
+    use hsxfer::channels::control::Message;
+    use hsxfer::session::handshake;
+    use hsxfer::session::wire::{ControlReader, ControlWriter};
+    use tokio::io::AsyncWriteExt;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let (sh, hello) = handshake::server_accept(&mut s).await.unwrap();
+                assert!(matches!(hello, Hello::Control { .. }));
+                let (welcome, _) =
+                    auth::accept_control(&TokenKey::from_token(b""), &sh, &hello, [7; 16]).unwrap();
+                s.write_all(&welcome.encode()).await.unwrap();
+                let (r, w) = s.split();
+                let (mut r, mut w) = (ControlReader::new(r), ControlWriter::new(w));
+                while let Ok(Message::Ping { seq }) = r.expect().await {
+                    w.send(&Message::Pong { seq }).await.unwrap();
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_probe_of_an_older_server_says_to_upgrade_it() {
+    let addr = older_server().await;
+    let e = hsxfer::probe::probe(
+        "127.0.0.1",
+        &hsxfer::probe::ProbeOptions {
+            port: addr.port(),
+            auth: Auth::NoAuth,
+            budget: std::time::Duration::from_secs(10),
+            direction: hsxfer::probe::Direction::Push,
+            policy: Default::default(),
+        },
+        &|_| {},
+    )
+    .await
+    .unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("older hsxfer") && msg.contains("upgrade"),
+        "{msg}"
+    );
+}
