@@ -200,31 +200,6 @@ impl PathEstimator {
         (t1 > t0).then(|| (b1 - b0) as f64 / (t1 - t0))
     }
 
-    /// The largest [`PathEstimator::goodput`] over spans of at least `window` seconds that
-    /// lie wholly after `since`, bytes/s.
-    pub fn max_goodput(&self, window: f64, since: f64) -> Option<f64> {
-        let h: Vec<(f64, u64)> = self
-            .history
-            .iter()
-            .copied()
-            .filter(|(t, _)| *t >= since)
-            .collect();
-        let mut best: Option<f64> = None;
-        let mut start = 0;
-        for end in 0..h.len() {
-            // The latest start that still leaves a span of `window`.
-            while start + 1 < end && h[end].0 - h[start + 1].0 >= window {
-                start += 1;
-            }
-            let span = h[end].0 - h[start].0;
-            if span >= window {
-                let r = (h[end].1 - h[start].1) as f64 / span;
-                best = Some(best.map_or(r, |b| b.max(r)));
-            }
-        }
-        best
-    }
-
     /// Fraction of channel i's busy time over the last `window` seconds that the peer's
     /// receive window or its own send buffer held it back (0 when unknown).
     pub fn window_limited(&self, i: usize, window: f64) -> f64 {
@@ -281,7 +256,6 @@ mod tests {
         }
         let g = e.goodput(0.5).unwrap();
         assert!((g - 20e6).abs() < 1.0, "{g}");
-        assert_eq!(e.max_goodput(0.5, 0.0).map(|g| g.round()), Some(20e6));
         assert_eq!(e.min_rtt(), Some(0.04));
         assert_eq!(e.srtt(), Some(0.05));
         assert!(e.goodput(2.0).is_none(), "the history spans only 1 s");

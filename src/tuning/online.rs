@@ -70,6 +70,10 @@ const METER_GAIN: f64 = 2.89;
 /// A round that delivers less than this share of what was offered a round before shows the
 /// bottleneck full.
 const FULL_SHARE: f64 = 0.75;
+/// The smoothed RTT over the minimum that shows a queue building at the bottleneck while the
+/// meter offers more than it delivers (a deep queue, which absorbs the excess without a
+/// loss). A tiny queue cannot grow the RTT this much: there a loss ends the meter.
+const QUEUE_RTT_GROWTH: f64 = 1.15;
 /// The sampler's period, seconds: the shortest span a rate is measured over.
 const TICK_S: f64 = 0.01;
 /// Rounds (RTTs, at least [`MIN_ROUND_S`] each) without 25 % growth that end a meter.
@@ -352,8 +356,15 @@ impl OnlineTuner {
         } else if self.binding_since.is_none() {
             self.binding_since = Some(t);
         }
+        // A queue builds at the bottleneck: the smoothed RTT is well above the minimum. A
+        // round that delivers less than was offered proves nothing without it, since a stall
+        // of the ACK stream (a busy host, a late sampler tick) looks the same for a round.
+        let queue_building = est.latest(0).is_some_and(|s| {
+            s.min_rtt_us > 0 && s.rtt_us as f64 >= QUEUE_RTT_GROWTH * s.min_rtt_us as f64
+        });
         let capped = offered.is_some_and(|o| delivered < FULL_SHARE * o)
-            && self.binding_since.is_some_and(|since| t - since >= round);
+            && self.binding_since.is_some_and(|since| t - since >= round)
+            && queue_building;
         // After the first loss the ACKs of one more round still come back at the bottleneck's
         // rate (they are for what was sent while it overflowed): measure over two rounds, so
         // that a stall of the ACK stream does not hide it.
@@ -375,8 +386,15 @@ impl OnlineTuner {
             // queue absorbs the excess without a loss).
             (MeterEnd::Full, Some(est.channel_rate_since(0, t - round)))
         } else if self.plateaued(est, t, round) {
-            // Growth stopped below the cap: a limit of a host (CPU, disk, application).
-            (MeterEnd::Plateau, None)
+            if queue_building {
+                // Growth stopped while the queue grows: the bottleneck is full, and the
+                // kernel's delivery-rate samples of the last round are its rate.
+                (MeterEnd::Full, Some(est.channel_rate_since(0, t - round)))
+            } else {
+                // Growth stopped below the cap with no queue: a limit of a host (CPU, disk,
+                // application).
+                (MeterEnd::Plateau, None)
+            }
         } else if t - started > METER_MAX_S {
             (MeterEnd::Timeout, None)
         } else {
@@ -386,7 +404,9 @@ impl OnlineTuner {
         self.report.meter = Some(end);
         self.phase = Phase::Cruise;
         self.last_change = t;
-        let reached = est.max_goodput(round, started).unwrap_or(0.0);
+        // The most the meter reached, as the kernel measured it: the sampler's own rate over
+        // a round is inflated by the burst of ACKs that follows a stall.
+        let reached = est.channel_rate_since(0, started);
         let mut actions = Vec::new();
         let why = match (end, rate) {
             (MeterEnd::Full, Some(reached)) => {
