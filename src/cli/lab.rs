@@ -147,6 +147,9 @@ struct RunArgs {
     /// Only the tiny queue, without the 1 BDP comparison (utilization).
     #[arg(long)]
     tiny_only: bool,
+    /// Paths to run, by letter (probe: default a,b,c,d,e).
+    #[arg(long, value_delimiter = ',')]
+    paths: Option<Vec<String>>,
 }
 
 #[derive(Args)]
@@ -467,6 +470,7 @@ fn run(r: RunArgs) -> anyhow::Result<bool> {
         lab_name: r.name,
         channels: r.channels,
         tiny_only: r.tiny_only,
+        paths: r.paths,
     };
     let report = experiments::run(r.experiment, &opts, &mut |line| eprintln!("{line}"))?;
     println!("{}", report.markdown);

@@ -101,6 +101,8 @@ pub struct RunOptions {
     pub channels: Option<Vec<u16>>,
     /// Only the tiny drop-tail queue, not the 1 BDP comparison (utilization).
     pub tiny_only: bool,
+    /// Paths to run, by letter, instead of all (probe).
+    pub paths: Option<Vec<String>>,
 }
 
 /// What an experiment produced.

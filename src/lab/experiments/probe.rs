@@ -22,6 +22,9 @@ use crate::lab::{Host, Lab, LabError, LabSpec, QueueSize};
 /// Congestion controls of the sweep (those registered on the host).
 const SWEEP_CCS: &[&str] = &["cubic", "reno", "dmctcp", "htcp", "bbr"];
 
+/// Default congestion controls of the sending host GridFTP is run with.
+const GRIDFTP_DEFAULTS: [&str; 2] = ["cubic", "bbr"];
+
 /// Size of the copies.
 const COPY_BYTES: u64 = 2 << 30;
 
@@ -106,7 +109,9 @@ struct Outcome {
     pick_bps: Option<f64>,
     first_copy_bps: Option<f64>,
     profiled_copy_bps: Option<f64>,
-    gridftp_bps: Option<Result<f64, String>>,
+    /// `globus-url-copy -fast -p 8` with the sending host's default congestion control set to
+    /// each of these, in that order.
+    gridftp_bps: Vec<(String, Result<f64, String>)>,
     lateness: (u64, u64),
 }
 
@@ -120,10 +125,24 @@ pub fn run(opts: &RunOptions, log: &mut dyn FnMut(&str)) -> Result<Report, LabEr
     let seconds = opts.seconds.unwrap_or(seconds);
     let channels = opts.channels.clone().unwrap_or(channels);
     let (ccs, skipped) = choose_ccs(opts, SWEEP_CCS)?;
+    let mut cases = cases(opts);
+    if let Some(paths) = &opts.paths {
+        if let Some(unknown) = paths
+            .iter()
+            .find(|p| !cases.iter().any(|c| c.tag == p.as_str()))
+        {
+            let known: Vec<&str> = cases.iter().map(|c| c.tag).collect();
+            return Err(LabError::Invalid(format!(
+                "--paths: no path '{unknown}' (use {})",
+                known.join(", ")
+            )));
+        }
+        cases.retain(|c| paths.iter().any(|p| p == c.tag));
+    }
     let file = opts.out.join("probe-copy.bin");
     write_file(&file, if opts.quick { 256 << 20 } else { COPY_BYTES })?;
     let mut outcomes = Vec::new();
-    for case in cases(opts) {
+    for case in cases {
         outcomes.push(run_case(
             &case, opts, &ccs, &channels, seconds, warmup, &file, log,
         )?);
@@ -243,12 +262,16 @@ fn run_case(
             mbit(profiled_copy_bps)
         ));
     }
-    let gridftp_bps = (case.tag == "a").then(|| gridftp(&lab.0, file).map_err(|e| e.to_string()));
-    if let Some(g) = &gridftp_bps {
-        log(&format!(
-            "probe ({}): globus-url-copy -fast -p 8: {g:?}",
-            case.tag
-        ));
+    let mut gridftp_bps = Vec::new();
+    if case.tag == "a" {
+        for cc in GRIDFTP_DEFAULTS {
+            let g = gridftp(&lab.0, file, cc).map_err(|e| e.to_string());
+            log(&format!(
+                "probe ({}): globus-url-copy -fast -p 8, host default {cc}: {g:?}",
+                case.tag
+            ));
+            gridftp_bps.push((cc.to_string(), g));
+        }
     }
     Ok(Outcome {
         tag: case.tag,
@@ -331,9 +354,10 @@ fn copy(lab: &Lab, file: &Path, server: &str, token: &str) -> Result<f64, LabErr
     Ok(v["goodput_bps"].as_f64().unwrap_or(0.0))
 }
 
-/// Pushes `file` with `globus-url-copy -fast -p 8` to a GridFTP server on the receiver; the
-/// rate over the whole command, as its users see it.
-fn gridftp(lab: &Lab, file: &Path) -> Result<f64, LabError> {
+/// Pushes `file` with `globus-url-copy -fast -p 8` to a GridFTP server on the receiver, with
+/// the sending host's default congestion control set to `default_cc` (GridFTP does not
+/// choose one); the rate over the whole command, as its users see it.
+fn gridftp(lab: &Lab, file: &Path, default_cc: &str) -> Result<f64, LabError> {
     let missing = |p: &str| {
         Command::new("sh")
             .args(["-c", &format!("command -v {p}")])
@@ -358,9 +382,11 @@ fn gridftp(lab: &Lab, file: &Path) -> Result<f64, LabError> {
         format!("127.0.0.1 localhost\n{server_ip} {}\n", host.trim()),
     )
     .map_err(LabError::io("writing the namespace's hosts"))?;
-    let dir = lab.dir().join("gridftp");
+    // The server writes as its anonymous user, which cannot enter the lab's directory.
+    let dir = std::env::temp_dir().join(format!("hsxfer-gridftp-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(LabError::io("creating the GridFTP directory"))?;
-    let _ = Command::new("chmod").args(["777"]).arg(&dir).status();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+        .map_err(LabError::io("opening the GridFTP directory"))?;
     let port = (SERVER_PORT + 11).to_string();
     let mut server = lab
         .command(Host::Receiver, "globus-gridftp-server")
@@ -387,18 +413,20 @@ fn gridftp(lab: &Lab, file: &Path) -> Result<f64, LabError> {
     std::thread::sleep(Duration::from_secs(1));
     let url = format!("ftp://{server_ip}:{port}{}/probe-copy.bin", dir.display());
     let started = Instant::now();
-    let out = lab
-        .command(Host::Sender(1), "globus-url-copy")
-        .args(["-fast", "-p", "8"])
-        .arg(format!("file://{}", file.display()))
-        .arg(&url)
-        .output();
+    let out = with_default_cc(lab, default_cc, || {
+        lab.command(Host::Sender(1), "globus-url-copy")
+            .args(["-fast", "-p", "8"])
+            .arg(format!("file://{}", file.display()))
+            .arg(&url)
+            .output()
+            .map_err(LabError::io("running globus-url-copy"))
+    });
     let took = started.elapsed().as_secs_f64();
     let _ = server.kill();
     let _ = server.wait();
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&etc);
-    let out = out.map_err(LabError::io("running globus-url-copy"))?;
+    let out = out?;
     if !out.status.success() {
         return Err(LabError::Command {
             command: format!("globus-url-copy -fast -p 8 … {url}"),
@@ -407,6 +435,47 @@ fn gridftp(lab: &Lab, file: &Path) -> Result<f64, LabError> {
     }
     let bytes = std::fs::metadata(file).map_or(0, |m| m.len());
     Ok(bytes as f64 * 8.0 / took)
+}
+
+/// Runs `f` with `cc` as sender 1's default congestion control, then restores the default.
+/// Outside the initial network namespace the kernel accepts only a default from
+/// `net.ipv4.tcp_allowed_congestion_control` (a host-wide list), so `cc` joins that list
+/// for the while if it is not on it.
+fn with_default_cc<T>(
+    lab: &Lab,
+    cc: &str,
+    f: impl FnOnce() -> Result<T, LabError>,
+) -> Result<T, LabError> {
+    const ALLOWED: &str = "/proc/sys/net/ipv4/tcp_allowed_congestion_control";
+    let sysctl = "net.ipv4.tcp_congestion_control";
+    let sysctl_w = |value: &str| {
+        crate::lab::topology::run(
+            lab.command(Host::Sender(1), "sysctl")
+                .args(["-qw", &format!("{sysctl}={value}")]),
+        )
+    };
+    let allowed =
+        std::fs::read_to_string(ALLOWED).map_err(LabError::io(format!("reading {ALLOWED}")))?;
+    let allowed = allowed.trim();
+    let widen = !allowed.split_whitespace().any(|a| a == cc);
+    if widen {
+        std::fs::write(ALLOWED, format!("{allowed} {cc}"))
+            .map_err(LabError::io(format!("allowing {cc} in {ALLOWED}")))?;
+    }
+    let was =
+        crate::lab::topology::run(lab.command(Host::Sender(1), "sysctl").args(["-n", sysctl]));
+    let out = match was {
+        Ok(was) => {
+            let out = sysctl_w(cc).and_then(|_| f());
+            let _ = sysctl_w(was.trim());
+            out
+        }
+        Err(e) => Err(e),
+    };
+    if widen {
+        let _ = std::fs::write(ALLOWED, allowed);
+    }
+    out
 }
 
 fn report(
@@ -517,16 +586,16 @@ fn report(
             mbit(o.profiled_copy_bps),
             o.profiled_copy_bps.map_or("–".into(), u),
         );
-        if let Some(g) = &o.gridftp_bps {
+        for (cc, g) in &o.gridftp_bps {
             md += &match g {
                 Ok(b) => format!(
-                    "- **GridFTP** `globus-url-copy -fast -p 8`, same file: {:.1} Mbit/s = {}; the copy after the probe is {}× that.\n",
+                    "- **GridFTP** `globus-url-copy -fast -p 8`, same file, sending host's default {cc}: {:.1} Mbit/s = {}; the copy after the probe is {}× that.\n",
                     b / 1e6,
                     u(*b),
                     o.profiled_copy_bps
                         .map_or("–".into(), |c| format!("{:.2}", c / b))
                 ),
-                Err(e) => format!("- **GridFTP** not run: {e}\n"),
+                Err(e) => format!("- **GridFTP** (default {cc}) not run: {e}\n"),
             };
         }
         md += "\n";
@@ -545,7 +614,9 @@ fn report(
             "pick_goodput_bps": o.pick_bps,
             "first_copy_goodput_bps": o.first_copy_bps,
             "profiled_copy_goodput_bps": o.profiled_copy_bps,
-            "gridftp_bps": o.gridftp_bps.as_ref().and_then(|g| g.as_ref().ok()),
+            "gridftp_bps": o.gridftp_bps.iter().map(|(cc, g)| json!({
+                "host_default_cc": cc, "goodput_bps": g.as_ref().ok(), "error": g.as_ref().err(),
+            })).collect::<Vec<_>>(),
         }));
     }
     let json = json!({
