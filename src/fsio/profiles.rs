@@ -135,28 +135,9 @@ fn temporary(path: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tuning::probe::{Config, Recommendation};
 
     fn profile() -> PathProfile {
-        PathProfile {
-            server: "[fd00::1]".into(),
-            port: 7420,
-            direction: Direction::Pull,
-            measured_at: 5,
-            source: "probe".into(),
-            rtt_us: 60_000,
-            rate_bps: Some(956_000_000),
-            queue_packets: Some(64.0),
-            loss: 0.0,
-            recommendation: Recommendation::of(
-                &Config {
-                    cc: "cubic".into(),
-                    channels: 4,
-                    paced: true,
-                },
-                Some(119.5e6),
-            ),
-        }
+        PathProfile::example("[fd00::1]", Direction::Pull, 5)
     }
 
     #[test]

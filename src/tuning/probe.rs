@@ -372,6 +372,31 @@ impl PathProfile {
         };
         format!("{} {when} ago", self.source)
     }
+
+    /// A probe's profile of a 1 Gbit/s × 60 ms path with a 64-packet queue: 4 paced cubic
+    /// channels (for tests).
+    #[cfg(test)]
+    pub(crate) fn example(server: &str, direction: Direction, measured_at: u64) -> PathProfile {
+        PathProfile {
+            server: server.into(),
+            port: 7420,
+            direction,
+            measured_at,
+            source: "probe".into(),
+            rtt_us: 60_000,
+            rate_bps: Some(956_000_000),
+            queue_packets: Some(64.0),
+            loss: 0.0,
+            recommendation: Recommendation::of(
+                &Config {
+                    cc: "cubic".into(),
+                    channels: 4,
+                    paced: true,
+                },
+                Some(119.5e6),
+            ),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -519,25 +544,7 @@ mod tests {
 
     #[test]
     fn ages_read_as_words() {
-        let p = PathProfile {
-            server: "dtn1".into(),
-            port: 7420,
-            direction: Direction::Push,
-            measured_at: 1000,
-            source: "probe".into(),
-            rtt_us: 60_000,
-            rate_bps: Some(956_000_000),
-            queue_packets: Some(64.0),
-            loss: 0.0,
-            recommendation: Recommendation::of(
-                &Config {
-                    cc: "cubic".into(),
-                    channels: 4,
-                    paced: true,
-                },
-                Some(119.5e6),
-            ),
-        };
+        let p = PathProfile::example("dtn1", Direction::Push, 1000);
         assert_eq!(p.age(1030), "probe 30 s ago");
         assert_eq!(p.age(1000 + 7200), "probe 2 h ago");
         assert_eq!(p.age(1000 + 3 * 86_400), "probe 3 days ago");
