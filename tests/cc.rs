@@ -320,8 +320,13 @@ fn each_bundled_cc_fills_a_bottleneck_ten_times_and_cuts_as_its_model() {
         }
         let stats = listed(cc)["stats"].clone();
         let count = |k: &str| stats[k].as_u64().unwrap_or(u64::MAX);
+        // Every socket of the runs used the program: counted when it started (`init`) or
+        // when it stopped (`release`). The kernel skips calls into BPF congestion controls
+        // now and then (docs/cc.md, "The guard"), `init` included: 18 inits and 20 releases
+        // were seen for 20 sockets.
+        let served = count("sockets").max(count("released"));
         assert!(
-            count("sockets") >= channels as u64 * runs as u64,
+            served >= channels as u64 * runs as u64,
             "{cc}: the pinned program served {stats}"
         );
         // A window above the guard's bound on any socket, even one clamped before a sample
