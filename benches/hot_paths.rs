@@ -6,7 +6,7 @@ use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criteri
 use hsxfer::channels::control::{FilePlan, PlanAction};
 use hsxfer::channels::frame::{BlockCheck, BlockHeader, PIECE};
 use hsxfer::channels::manifest::{Entry, EntryKind};
-use hsxfer::channels::receiver::ReceiveTracker;
+use hsxfer::channels::receiver::{ReceiveTracker, Verdict};
 use hsxfer::channels::sender::SendPlanner;
 use hsxfer::channels::Digest;
 
@@ -77,13 +77,20 @@ fn scheduling(c: &mut Criterion) {
                         for j in jobs {
                             let d = Digest([j.block as u8; 32]);
                             t.on_block(j.file, j.block, d);
-                            if let Some(hsxfer::channels::control::Message::Sealed {
-                                file,
-                                digests,
-                            }) = p.on_hashed(j.file, j.block, d).unwrap()
-                            {
-                                t.on_sealed(file, digests).unwrap();
-                                p.on_done(file).unwrap();
+                            for m in p.on_hashed(j.file, j.block, d).unwrap() {
+                                let hsxfer::channels::control::Message::Sealed {
+                                    file,
+                                    digests,
+                                    more,
+                                } = m
+                                else {
+                                    unreachable!("the planner only seals")
+                                };
+                                if let Verdict::Complete { .. } =
+                                    t.on_sealed(file, digests, more).unwrap()
+                                {
+                                    p.on_done(file).unwrap();
+                                }
                             }
                         }
                     }

@@ -156,10 +156,15 @@ fn run(seed: u64) -> Faults {
                 let Some(m) = to_receiver.pop_front() else {
                     continue;
                 };
-                let Message::Sealed { file, digests } = m else {
+                let Message::Sealed {
+                    file,
+                    digests,
+                    more,
+                } = m
+                else {
                     panic!("{m:?}")
                 };
-                let v = tracker.on_sealed(file, digests).unwrap();
+                let v = tracker.on_sealed(file, digests, more).unwrap();
                 act(file, v, &files, &written, &mut to_sender, &mut faults);
             }
             // Control to the sender, in order.

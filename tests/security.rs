@@ -233,3 +233,172 @@ async fn a_data_channel_sending_garbage_ends_only_its_session() {
     );
     push_ok(addr, Auth::NoAuth, &src.path().join("f"), "fine").await;
 }
+
+/// A session's control connection, authenticated, with its id and key.
+struct Opened {
+    ctrl: TcpStream,
+    session: hsxfer::channels::auth::SessionId,
+    key: hsxfer::channels::auth::SessionKey,
+}
+
+/// Opens a session with `request`; returns it and the server's first answer.
+async fn ask(
+    addr: std::net::SocketAddr,
+    request: hsxfer::channels::control::Request,
+) -> (Opened, hsxfer::channels::control::Message) {
+    use hsxfer::channels::control::{self, Message};
+    let token = hsxfer::channels::auth::TokenKey::from_token(b"");
+    let mut ctrl = TcpStream::connect(addr).await.unwrap();
+    let (session, key) = hsxfer::session::handshake::client_control(&mut ctrl, &token, "t")
+        .await
+        .unwrap();
+    ctrl.write_all(&control::encode(&Message::Request(request)))
+        .await
+        .unwrap();
+    let answer = answer(&mut ctrl).await;
+    (Opened { ctrl, session, key }, answer)
+}
+
+/// The next control message from the server.
+async fn answer(ctrl: &mut TcpStream) -> hsxfer::channels::control::Message {
+    let mut len = [0u8; 4];
+    let read = async {
+        ctrl.read_exact(&mut len).await.unwrap();
+        let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
+        ctrl.read_exact(&mut body).await.unwrap();
+        body
+    };
+    let body = tokio::time::timeout(Duration::from_secs(15), read)
+        .await
+        .expect("the server answers");
+    serde_json::from_slice(&body).unwrap()
+}
+
+fn bench_request(
+    direction: hsxfer::channels::control::BenchDirection,
+    seconds: f64,
+) -> hsxfer::channels::control::Request {
+    use hsxfer::channels::control::{Operation, Request, Tuning, PROTOCOL_VERSION};
+    Request {
+        version: PROTOCOL_VERSION,
+        op: Operation::Bench {
+            direction,
+            bytes: None,
+            seconds: Some(seconds),
+        },
+        channels: 1,
+        block_size: 4 << 20,
+        tuning: Tuning::kernel_defaults(1),
+    }
+}
+
+/// Values a client sends that would panic a task in a timer or a duration conversion, and a
+/// manifest entry of 2^63 bytes whose block table would abort the process, are refused or
+/// cost nothing; the server goes on serving.
+#[tokio::test]
+async fn hostile_values_in_a_request_or_manifest_end_only_their_session() {
+    use hsxfer::channels::control::{self, BenchDirection, Message, Operation, PROTOCOL_VERSION};
+    use hsxfer::channels::manifest::{Entry, EntryKind};
+    use hsxfer::session::handshake;
+    let root = tempfile::tempdir().unwrap();
+    let src = tempfile::tempdir().unwrap();
+    random_file(&src.path().join("f"), 1 << 20, 4);
+    let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
+    let download = || bench_request(BenchDirection::Download, 1.0);
+    let mut cases = vec![
+        ("interval 0 ms", download()),
+        ("1e300 s", bench_request(BenchDirection::Download, 1e300)),
+        ("offset of 18446744073709551615", download()),
+        ("RTT of 18446744073709551615", download()),
+        ("protocol version 2", download()),
+    ];
+    cases[0].1.tuning.interval_ms = 0;
+    cases[2].1.tuning.stagger_us = vec![u64::MAX];
+    cases[3].1.tuning.rtt_us = u64::MAX;
+    cases[4].1.version = PROTOCOL_VERSION - 1;
+    for (needle, request) in cases {
+        match ask(addr, request).await.1 {
+            Message::Abort { message } => assert!(message.contains(needle), "{message}"),
+            other => panic!("{needle}: {other:?}"),
+        }
+    }
+
+    // A file of 2^63 bytes announced into a bench upload (discarded: nothing on disk refuses
+    // it, so the receiver plans it) and into a push (the file system refuses it).
+    let upload = bench_request(BenchDirection::Upload, 1.0);
+    let push = control::Request {
+        op: Operation::Push {
+            dest: "huge".into(),
+            sources: 1,
+        },
+        ..upload.clone()
+    };
+    for request in [upload, push] {
+        let pushing = matches!(request.op, Operation::Push { .. });
+        let (mut s, accepted) = ask(addr, request).await;
+        assert!(matches!(accepted, Message::Accepted { .. }), "{accepted:?}");
+        let mut data = TcpStream::connect(addr).await.unwrap();
+        handshake::client_join(&mut data, &s.key, s.session, 0, "t")
+            .await
+            .unwrap();
+        let manifest = Message::Manifest {
+            entries: vec![Entry {
+                id: 0,
+                path: "huge".into(),
+                mode: 0o644,
+                mtime_ns: 0,
+                kind: EntryKind::File { size: 1 << 63 },
+            }],
+            last: true,
+        };
+        s.ctrl.write_all(&control::encode(&manifest)).await.unwrap();
+        match answer(&mut s.ctrl).await {
+            Message::Plan { files } if !pushing => assert_eq!(files.len(), 1),
+            Message::Abort { message } if pushing => {
+                assert!(
+                    message.contains("creating ") && message.contains("huge"),
+                    "{message}"
+                )
+            }
+            other => panic!("push {pushing}: {other:?}"),
+        }
+    }
+    assert!(!root.path().join("huge").exists());
+
+    // More files announced at once than a receiver holds open: refused before any is opened.
+    let (mut s, _) = ask(
+        addr,
+        control::Request {
+            op: Operation::Push {
+                dest: "many".into(),
+                sources: 1,
+            },
+            ..bench_request(BenchDirection::Upload, 1.0)
+        },
+    )
+    .await;
+    let mut data = TcpStream::connect(addr).await.unwrap();
+    handshake::client_join(&mut data, &s.key, s.session, 0, "t")
+        .await
+        .unwrap();
+    let entries = (0..300)
+        .map(|id| Entry {
+            id,
+            path: format!("many/{id}"),
+            mode: 0o644,
+            mtime_ns: 0,
+            kind: EntryKind::File { size: 1 },
+        })
+        .collect();
+    let manifest = Message::Manifest {
+        entries,
+        last: true,
+    };
+    s.ctrl.write_all(&control::encode(&manifest)).await.unwrap();
+    match answer(&mut s.ctrl).await {
+        Message::Abort { message } => assert!(message.contains("more than 256 files"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(!root.path().join("many").exists());
+    push_ok(addr, Auth::NoAuth, &src.path().join("f"), "fine").await;
+}

@@ -71,12 +71,16 @@ pub enum Message {
         /// One plan per file of the chunk (directories need none).
         files: Vec<FilePlan>,
     },
-    /// Sender → receiver: the BLAKE3 digest of every block of a file, in block order.
+    /// Sender → receiver: the BLAKE3 digest of every block of a file, in block order, in
+    /// pieces of at most [`super::limits::SEAL_PIECE`] digests.
     Sealed {
         /// File identifier.
         file: u32,
-        /// Per-block BLAKE3 digests.
+        /// Per-block BLAKE3 digests, following those of the file's earlier pieces.
         digests: Vec<Digest>,
+        /// More pieces follow.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        more: bool,
     },
     /// Receiver → sender: a block arrived damaged or did not match its digest: send it again.
     Nack {
@@ -386,6 +390,7 @@ mod tests {
             Message::Sealed {
                 file: 1,
                 digests: vec![Digest([7; 32])],
+                more: true,
             },
             Message::Nack { file: 1, block: 3 },
             Message::AddChannels { count: 2 },
@@ -415,6 +420,18 @@ mod tests {
         }
         assert_eq!(got, samples());
         assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn a_full_seal_piece_fits_a_control_frame() {
+        let piece = Message::Sealed {
+            file: u32::MAX,
+            digests: vec![Digest([0xff; 32]); crate::channels::limits::SEAL_PIECE],
+            more: true,
+        };
+        let len = encode(&piece).len() - 4;
+        assert!(len <= MAX_CONTROL_FRAME as usize, "{len}");
+        assert!(decode(&encode(&piece)).unwrap().is_some());
     }
 
     #[test]

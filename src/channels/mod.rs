@@ -4,17 +4,21 @@
 //!
 //! - [`frame`]: the data-channel block header.
 //! - [`control`]: control-connection messages and their framing.
+//! - [`checks`]: bounds checks of a client's request.
 //! - [`auth`]: the handshake that authenticates control connections and data channels.
 //! - [`manifest`]: the file list and path rules.
 //! - [`blocks`]: the fixed block grid a file is cut into.
 //! - [`sender`] / [`receiver`]: what each side still owes, and when a file is verified.
 //! - [`journal`]: the receiver's restart journal of durable blocks.
+//! - [`limits`]: the bounds every peer-sent count, size and duration is checked against.
 
 pub mod auth;
 pub mod blocks;
+pub mod checks;
 pub mod control;
 pub mod frame;
 pub mod journal;
+pub mod limits;
 pub mod manifest;
 pub mod receiver;
 pub mod sender;

@@ -21,12 +21,18 @@ pub enum Verdict {
     Resend(Vec<u64>),
 }
 
+/// One file's bookkeeping. It grows only with what the peer actually sends (blocks and seal
+/// pieces), never with the size it announces: a manifest entry of 2^63 bytes costs nothing
+/// until that much data arrives.
 #[derive(Debug)]
 struct RecvFile {
     size: u64,
-    got: Vec<Option<Digest>>,
-    missing: u64,
-    sealed: Option<Vec<Digest>>,
+    blocks: u64,
+    got: HashMap<u64, Digest>,
+    /// The seal's digests received so far, in block order.
+    seal: Vec<Digest>,
+    /// The seal's last piece arrived.
+    sealed: bool,
     complete: bool,
 }
 
@@ -49,23 +55,17 @@ impl ReceiveTracker {
     /// Starts tracking a file of `size` bytes of which `have` (from the restart journal) is
     /// already durable.
     pub fn expect(&mut self, file: u32, size: u64, have: &[(u64, Digest)]) {
-        let n = blocks::count(size, self.block_size) as usize;
-        let mut got = vec![None; n];
-        let mut missing = n as u64;
+        let blocks = blocks::count(size, self.block_size);
         // A block recorded twice (re-sent after a failed seal) keeps its latest digest.
-        for &(b, d) in have {
-            if let Some(slot) = got.get_mut(b as usize) {
-                missing -= slot.is_none() as u64;
-                *slot = Some(d);
-            }
-        }
+        let got = have.iter().filter(|(b, _)| *b < blocks).copied().collect();
         self.files.insert(
             file,
             RecvFile {
                 size,
+                blocks,
                 got,
-                missing,
-                sealed: None,
+                seal: Vec::new(),
+                sealed: false,
                 complete: false,
             },
         );
@@ -90,7 +90,7 @@ impl ReceiveTracker {
     pub fn wants(&self, file: u32, block: u64) -> bool {
         self.files
             .get(&file)
-            .is_some_and(|f| !f.complete && f.got.get(block as usize) == Some(&None))
+            .is_some_and(|f| !f.complete && block < f.blocks && !f.got.contains_key(&block))
     }
 
     /// Records a block that arrived intact (CRC checked) with its BLAKE3 digest.
@@ -98,47 +98,51 @@ impl ReceiveTracker {
         let Some(f) = self.files.get_mut(&file) else {
             return Verdict::Pending;
         };
-        if let Some(slot @ None) = f.got.get_mut(block as usize) {
-            *slot = Some(digest);
-            f.missing -= 1;
+        if !f.complete && block < f.blocks {
+            f.got.entry(block).or_insert(digest);
         }
         Self::judge(f)
     }
 
-    /// Records the sender's seal (the expected block digests).
-    pub fn on_sealed(&mut self, file: u32, digests: Vec<Digest>) -> Result<Verdict, Violation> {
+    /// Records a piece of the sender's seal (the expected block digests, in order; `more`
+    /// when further pieces follow).
+    pub fn on_sealed(
+        &mut self,
+        file: u32,
+        digests: Vec<Digest>,
+        more: bool,
+    ) -> Result<Verdict, Violation> {
         let f = self
             .files
             .get_mut(&file)
             .ok_or_else(|| Violation(format!("seal for unknown file {file}")))?;
-        if digests.len() != f.got.len() || f.sealed.is_some() {
+        let total = f.seal.len() as u64 + digests.len() as u64;
+        if f.sealed || total > f.blocks || (!more && total != f.blocks) {
             return Err(Violation(format!("bad seal for file {file}")));
         }
-        f.sealed = Some(digests);
+        f.seal.extend(digests);
+        f.sealed = !more;
         Ok(Self::judge(f))
     }
 
     fn judge(f: &mut RecvFile) -> Verdict {
-        let Some(sealed) = &f.sealed else {
-            return Verdict::Pending;
-        };
-        if f.missing > 0 || f.complete {
+        if !f.sealed || f.complete || (f.got.len() as u64) < f.blocks {
             return Verdict::Pending;
         }
-        let bad: Vec<u64> = (0..f.got.len())
-            .filter(|&i| f.got[i] != Some(sealed[i]))
-            .map(|i| i as u64)
+        let bad: Vec<u64> = (0..f.blocks)
+            .filter(|i| f.got.get(i) != Some(&f.seal[*i as usize]))
             .collect();
         if bad.is_empty() {
             f.complete = true;
-            Verdict::Complete {
-                digest: super::file_digest(sealed),
-            }
+            let digest = super::file_digest(&f.seal);
+            // A finished file keeps only what `check` needs.
+            f.got = HashMap::new();
+            f.seal = Vec::new();
+            Verdict::Complete { digest }
         } else {
-            for &b in &bad {
-                f.got[b as usize] = None;
+            for b in &bad {
+                f.got.remove(b);
             }
-            f.missing = bad.len() as u64;
             Verdict::Resend(bad)
         }
     }
@@ -160,7 +164,7 @@ mod tests {
         assert!(t.wants(1, 0));
         assert_eq!(t.on_block(1, 0, d(0)), Verdict::Pending);
         assert_eq!(
-            t.on_sealed(1, vec![d(0), d(1), d(2)]).unwrap(),
+            t.on_sealed(1, vec![d(0), d(1), d(2)], false).unwrap(),
             Verdict::Pending
         );
         // Block 2 arrives with the wrong content (digest): it must be asked for again.
@@ -177,11 +181,42 @@ mod tests {
     }
 
     #[test]
+    fn a_huge_announced_size_allocates_nothing_and_a_seal_may_come_in_pieces() {
+        let mut t = ReceiveTracker::new(4);
+        // 2^61 blocks: a per-block table would abort the process.
+        t.expect(1, 1 << 63, &[(u64::MAX, d(1))]);
+        assert!(t.wants(1, (1 << 61) - 1) && !t.wants(1, 1 << 61));
+        assert!(
+            t.on_sealed(1, vec![d(0)], false).is_err(),
+            "too short a seal"
+        );
+        t.expect(2, 12, &[]);
+        assert_eq!(t.on_sealed(2, vec![d(0)], true).unwrap(), Verdict::Pending);
+        assert!(
+            t.on_sealed(2, vec![d(1), d(2), d(3)], true).is_err(),
+            "a seal past the grid"
+        );
+        assert_eq!(
+            t.on_sealed(2, vec![d(1), d(2)], false).unwrap(),
+            Verdict::Pending
+        );
+        assert!(t.on_sealed(2, vec![], false).is_err(), "a second seal");
+        assert_eq!(t.on_block(2, 0, d(0)), Verdict::Pending);
+        assert_eq!(t.on_block(2, 1, d(1)), Verdict::Pending);
+        assert_eq!(
+            t.on_block(2, 2, d(2)),
+            Verdict::Complete {
+                digest: crate::channels::file_digest(&[d(0), d(1), d(2)])
+            }
+        );
+    }
+
+    #[test]
     fn stale_journal_digest_is_resent() {
         let mut t = ReceiveTracker::new(4);
         t.expect(1, 4, &[(0, d(5))]);
         assert_eq!(
-            t.on_sealed(1, vec![d(6)]).unwrap(),
+            t.on_sealed(1, vec![d(6)], false).unwrap(),
             Verdict::Resend(vec![0])
         );
     }
@@ -191,7 +226,7 @@ mod tests {
         let mut t = ReceiveTracker::new(4);
         t.expect(2, 0, &[]);
         assert!(matches!(
-            t.on_sealed(2, vec![]).unwrap(),
+            t.on_sealed(2, vec![], false).unwrap(),
             Verdict::Complete { .. }
         ));
         t.expect(3, 9, &[]);
@@ -215,6 +250,9 @@ mod tests {
                 len: 1
             })
             .is_err());
-        assert!(t.on_sealed(3, vec![d(0)]).is_err(), "wrong digest count");
+        assert!(
+            t.on_sealed(3, vec![d(0)], false).is_err(),
+            "wrong digest count"
+        );
     }
 }

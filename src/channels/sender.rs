@@ -8,6 +8,7 @@ use std::collections::HashMap;
 
 use super::blocks;
 use super::control::{FilePlan, Message, PlanAction};
+use super::limits::SEAL_PIECE;
 use super::manifest::{Entry, EntryKind};
 use super::{Digest, Violation};
 
@@ -102,7 +103,7 @@ impl SendPlanner {
 
     /// Applies the receiver's plan for one file: returns the jobs to queue and, for a file
     /// with nothing to hash (empty), the seal to send at once.
-    pub fn on_plan(&mut self, plan: &FilePlan) -> Result<(Vec<Job>, Option<Message>), Violation> {
+    pub fn on_plan(&mut self, plan: &FilePlan) -> Result<(Vec<Job>, Vec<Message>), Violation> {
         let bs = self.block_size;
         let f = self.file(plan.file)?;
         if f.planned {
@@ -116,7 +117,7 @@ impl SendPlanner {
                 let size = f.size;
                 self.finished_files += 1;
                 self.skipped_bytes += size;
-                return Ok((jobs, None));
+                return Ok((jobs, Vec::new()));
             }
             PlanAction::Send { have } => {
                 let n = f.digests.len() as u64;
@@ -141,14 +142,14 @@ impl SendPlanner {
     }
 
     /// Records the digest of a block that was read (and sent, for [`Job::Send`]). Returns the
-    /// seal message once every block of the file has a digest. A re-sent block whose digest
+    /// seal's pieces once every block of the file has a digest. A re-sent block whose digest
     /// differs from the first read means the source changed under us.
     pub fn on_hashed(
         &mut self,
         file: u32,
         block: u64,
         digest: Digest,
-    ) -> Result<Option<Message>, Violation> {
+    ) -> Result<Vec<Message>, Violation> {
         let f = self.file(file)?;
         let slot = f
             .digests
@@ -160,7 +161,7 @@ impl SendPlanner {
                     "source file {file} changed while it was being sent (block {block})"
                 )))
             }
-            Some(_) => return Ok(None),
+            Some(_) => return Ok(Vec::new()),
             None => {
                 *slot = Some(digest);
                 f.unknown -= 1;
@@ -169,16 +170,34 @@ impl SendPlanner {
         Ok(self.try_seal(file))
     }
 
-    fn try_seal(&mut self, file: u32) -> Option<Message> {
-        let f = self.files.get_mut(&file)?;
+    /// The seal of `file`, in pieces of at most [`SEAL_PIECE`] digests, once every block is
+    /// hashed and the receiver's plan is in; empty otherwise.
+    fn try_seal(&mut self, file: u32) -> Vec<Message> {
+        let Some(f) = self.files.get_mut(&file) else {
+            return Vec::new();
+        };
         if f.sealed || f.unknown > 0 || !f.planned {
-            return None;
+            return Vec::new();
         }
         f.sealed = true;
-        Some(Message::Sealed {
-            file,
-            digests: f.digests.iter().map(|d| d.expect("all known")).collect(),
-        })
+        let digests: Vec<Digest> = f.digests.iter().map(|d| d.expect("all known")).collect();
+        if digests.is_empty() {
+            return vec![Message::Sealed {
+                file,
+                digests,
+                more: false,
+            }];
+        }
+        let pieces = digests.len().div_ceil(SEAL_PIECE);
+        digests
+            .chunks(SEAL_PIECE)
+            .enumerate()
+            .map(|(i, d)| Message::Sealed {
+                file,
+                digests: d.to_vec(),
+                more: i + 1 < pieces,
+            })
+            .collect()
     }
 
     /// The receiver wants a block again.
@@ -270,17 +289,18 @@ mod tests {
             ]
         );
         assert_eq!((jobs[2].offset, jobs[2].len), (8, 2));
-        assert!(seal.is_none());
+        assert!(seal.is_empty());
         assert_eq!(p.resumed_bytes(), 4);
         // Empty file: sealed at once.
         let (jobs, seal) = p.on_plan(&send(2, vec![])).unwrap();
         assert!(jobs.is_empty());
         assert_eq!(
             seal,
-            Some(Message::Sealed {
+            vec![Message::Sealed {
                 file: 2,
-                digests: vec![]
-            })
+                digests: vec![],
+                more: false
+            }]
         );
         p.on_plan(&FilePlan {
             file: 3,
@@ -288,18 +308,60 @@ mod tests {
         })
         .unwrap();
         assert_eq!(p.skipped_bytes(), 5);
-        assert!(p.on_hashed(1, 0, Digest([0; 32])).unwrap().is_none());
-        assert!(p.on_hashed(1, 2, Digest([2; 32])).unwrap().is_none());
-        let seal = p.on_hashed(1, 1, Digest([1; 32])).unwrap().unwrap();
-        assert!(matches!(seal, Message::Sealed { file: 1, ref digests } if digests.len() == 3));
+        assert!(p.on_hashed(1, 0, Digest([0; 32])).unwrap().is_empty());
+        assert!(p.on_hashed(1, 2, Digest([2; 32])).unwrap().is_empty());
+        let seal = p.on_hashed(1, 1, Digest([1; 32])).unwrap();
+        assert!(
+            matches!(&seal[..], [Message::Sealed { file: 1, digests, more: false }] if digests.len() == 3)
+        );
         assert_eq!(p.on_nack(1, 2).unwrap(), job(1, 10, 4, 2, true));
         // Re-read with the same content is fine; different content is a changed source.
-        assert!(p.on_hashed(1, 2, Digest([2; 32])).unwrap().is_none());
+        assert!(p.on_hashed(1, 2, Digest([2; 32])).unwrap().is_empty());
         assert!(p.on_hashed(1, 2, Digest([9; 32])).is_err());
         assert!(!p.finished());
         p.on_done(1).unwrap();
         p.on_done(2).unwrap();
         assert!(p.finished());
+    }
+
+    /// A file of more blocks than one message can carry digests for is sealed in pieces the
+    /// receiver reassembles: files of any size finish.
+    #[test]
+    fn a_seal_too_large_for_one_message_goes_in_pieces() {
+        use crate::channels::receiver::{ReceiveTracker, Verdict};
+        let blocks = 2 * SEAL_PIECE as u64 + 1;
+        let mut p = SendPlanner::new(4);
+        p.announce(&[entry(1, blocks * 4)], true);
+        assert!(p.on_plan(&send(1, vec![])).unwrap().1.is_empty());
+        let mut r = ReceiveTracker::new(4);
+        r.expect(1, blocks * 4, &[]);
+        let digest = |b: u64| Digest(blake3::hash(&b.to_le_bytes()).into());
+        let mut seal = Vec::new();
+        for b in 0..blocks {
+            let pieces = p.on_hashed(1, b, digest(b)).unwrap();
+            if b + 1 < blocks {
+                assert!(pieces.is_empty());
+            } else {
+                seal = pieces;
+            }
+            assert_eq!(r.on_block(1, b, digest(b)), Verdict::Pending);
+        }
+        assert_eq!(seal.len(), 3);
+        let mut verdicts = Vec::new();
+        for m in seal {
+            let Message::Sealed {
+                file,
+                digests,
+                more,
+            } = m
+            else {
+                panic!("{m:?}")
+            };
+            assert!(digests.len() <= SEAL_PIECE);
+            verdicts.push(r.on_sealed(file, digests, more).unwrap());
+        }
+        assert_eq!(verdicts[..2], [Verdict::Pending, Verdict::Pending]);
+        assert!(matches!(verdicts[2], Verdict::Complete { .. }));
     }
 
     #[test]

@@ -26,6 +26,7 @@ use crate::channels::control::{
     BenchDirection, HostFacts, Message, OnlineTuning, Operation, Policy, Request, Tuning,
     PROTOCOL_VERSION,
 };
+use crate::channels::limits;
 use crate::error::{Error, Result};
 use crate::fsio::dest::Destination;
 use crate::fsio::root::Scope;
@@ -65,7 +66,7 @@ pub enum Tune {
 /// Options of a transfer, shared by push, pull and bench.
 #[derive(Debug, Clone)]
 pub struct TransferOptions {
-    /// Number of parallel data channels to open with (1..=[`defaults::MAX_CHANNELS`]).
+    /// Number of parallel data channels to open with (1..=[`limits::MAX_CHANNELS`]).
     pub channels: u16,
     /// Most channels the online tuner may run (set it to `channels` to fix the count).
     pub max_channels: u16,
@@ -127,19 +128,19 @@ impl Default for TransferOptions {
 impl TransferOptions {
     /// Checks option ranges, naming the bad value and the allowed range.
     pub fn validate(&self) -> Result<()> {
-        if !(1..=defaults::MAX_CHANNELS).contains(&self.channels) {
+        if !(1..=limits::MAX_CHANNELS).contains(&self.channels) {
             return Err(Error::Usage(format!(
                 "channel count {} is out of range: use 1 to {}",
                 self.channels,
-                defaults::MAX_CHANNELS
+                limits::MAX_CHANNELS
             )));
         }
-        if !(defaults::MIN_BLOCK..=defaults::MAX_BLOCK).contains(&self.block_size) {
+        if !(limits::MIN_BLOCK..=limits::MAX_BLOCK).contains(&self.block_size) {
             return Err(Error::Usage(format!(
                 "block size {} is out of range: use {} to {} bytes",
                 self.block_size,
-                defaults::MIN_BLOCK,
-                defaults::MAX_BLOCK
+                limits::MIN_BLOCK,
+                limits::MAX_BLOCK
             )));
         }
         Ok(())
@@ -626,11 +627,11 @@ pub(crate) async fn timed_connect(addr: SocketAddr, opts: &SocketOptions) -> Res
 pub fn bench_limit(bytes: Option<u64>, seconds: Option<f64>) -> Result<BenchLimit> {
     match (bytes, seconds) {
         (Some(b), None) => Ok(BenchLimit::Bytes(b)),
-        (None, Some(s)) if s > 0.0 && s.is_finite() => Ok(BenchLimit::Until(
+        (None, Some(s)) if s > 0.0 && s <= limits::MAX_BENCH_SECONDS => Ok(BenchLimit::Until(
             Instant::now() + Duration::from_secs_f64(s),
         )),
         _ => Err(Error::Usage(
-            "bench needs exactly one of a size or a positive duration".into(),
+            "bench needs exactly one of a size or a duration of at most a day".into(),
         )),
     }
 }

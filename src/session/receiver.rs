@@ -19,6 +19,7 @@ use super::report::{LiveStats, SideOutcome};
 use super::wire::{read_header, read_payload, ControlReader, ControlWriter};
 use crate::channels::control::{FilePlan, Message, PlanAction};
 use crate::channels::frame::DigestKey;
+use crate::channels::limits::MAX_UNFINISHED_FILES;
 use crate::channels::manifest::{Entry, EntryKind};
 use crate::channels::receiver::{ReceiveTracker, Verdict};
 use crate::channels::{Digest, Violation};
@@ -145,6 +146,16 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                 msg = self.ctrl_r.expect() => match msg? {
                     Message::Manifest { entries, last } => {
                         manifest_done = last;
+                        // Each file holds descriptors until committed: a sender may keep only
+                        // so many ahead (ours never exceeds it). Checked before any is opened.
+                        let files = entries.iter().filter(|e| e.kind != EntryKind::Dir).count();
+                        if pending_files + files as u64 > MAX_UNFINISHED_FILES {
+                            return Err(Violation(format!(
+                                "the sender announced more than {MAX_UNFINISHED_FILES} files \
+                                 not yet done (run the same hsxfer version on both ends)"
+                            ))
+                            .into());
+                        }
                         let plans = self.plan(shared, entries, &mut dirs, &mut out).await?;
                         pending_files += plans
                             .iter()
@@ -152,8 +163,8 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                             .count() as u64;
                         self.ctrl_w.send(&Message::Plan { files: plans }).await?;
                     }
-                    Message::Sealed { file, digests } => {
-                        let v = lock(shared).tracker.on_sealed(file, digests)?;
+                    Message::Sealed { file, digests, more } => {
+                        let v = lock(shared).tracker.on_sealed(file, digests, more)?;
                         self.act(shared, file, v, &mut commits, &mut out).await?;
                     }
                     Message::Telemetry(b) if self.await_telemetry => self.live.telemetry.absorb(b),

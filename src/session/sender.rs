@@ -169,7 +169,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                             for j in todo {
                                 let _ = jobs.send(j).await;
                             }
-                            if let Some(s) = seal {
+                            for s in seal {
                                 self.ctrl_w.send(&s).await?;
                             }
                         }
@@ -203,7 +203,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                 }
                 h = hashed.recv() => match h {
                     Some(h) => {
-                        if let Some(seal) = planner.on_hashed(h.file, h.block, h.digest)? {
+                        for seal in planner.on_hashed(h.file, h.block, h.digest)? {
                             self.ctrl_w.send(&seal).await?;
                         }
                     }

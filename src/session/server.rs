@@ -2,7 +2,7 @@
 //! session; sessions are confined to the server's root and independent of each other (a
 //! malformed or hostile connection ends only itself).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -24,14 +24,14 @@ use super::tuning::{
 use super::wire::{ControlReader, ControlWriter};
 use super::Auth;
 use crate::channels::auth::{self, Hello, SessionId, SessionKey, TokenKey};
-use crate::channels::control::{BenchDirection, Message, Operation, Request, PROTOCOL_VERSION};
+use crate::channels::control::{BenchDirection, Message, Operation, Request};
+use crate::channels::limits;
 use crate::error::{Error, Result};
 use crate::fsio::dest::Destination;
 use crate::fsio::root::Scope;
 use crate::fsio::source::SourceTree;
-use crate::session::client::{bench_limit, TransferOptions};
+use crate::session::client::bench_limit;
 use crate::transport::{self, SocketOptions};
-use crate::tuning::defaults;
 
 /// How long a server waits for all data channels of a session to join.
 pub const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -58,12 +58,12 @@ struct Pending {
 
 impl State {
     /// Reserves join slots for `count` more channels of `session`; returns the first index,
-    /// or `None` when the session would exceed [`defaults::MAX_CHANNELS`].
+    /// or `None` when the session would exceed [`limits::MAX_CHANNELS`].
     fn reserve(&self, session: SessionId, count: u16) -> Option<u16> {
         let mut pending = self.pending.lock().expect("sessions lock");
         let p = pending.get_mut(&session)?;
         let first = p.joined.len();
-        if first + count as usize > defaults::MAX_CHANNELS as usize {
+        if first + count as usize > limits::MAX_CHANNELS as usize {
             return None;
         }
         p.joined.resize(first + count as usize, false);
@@ -217,7 +217,7 @@ async fn control(
         }
     };
     // Check everything that can be checked before any data channel is opened.
-    let prepared = prepare_role(&state, &req).and_then(|role| {
+    let prepared = prepare_role(&state, &req).await.and_then(|role| {
         let (side, tuner) = match role {
             Role::Send(_) => (Side::Send, online_tuner(&req.tuning, req.channels)),
             Role::Receive(_) => (Side::Receive, None),
@@ -422,19 +422,11 @@ enum Role {
     Receive(Sink),
 }
 
-fn prepare_role(state: &State, req: &Request) -> Result<Role> {
-    if req.version != PROTOCOL_VERSION {
-        return Err(Error::Usage(format!(
-            "protocol version {} is not supported (server speaks {PROTOCOL_VERSION})",
-            req.version
-        )));
-    }
-    TransferOptions {
-        channels: req.channels,
-        block_size: req.block_size,
-        ..Default::default()
-    }
-    .validate()?;
+/// Checks the request and prepares this end's part: the destination of a push, the walked
+/// tree of a pull (on the blocking pool: a large tree takes a while to list), or the
+/// generated data of a bench.
+async fn prepare_role(state: &State, req: &Request) -> Result<Role> {
+    req.check().map_err(|e| Error::Usage(e.0))?;
     Ok(match &req.op {
         Operation::Push { dest, sources } => Role::Receive(Sink::Files(Destination::resolve(
             state.scope.clone(),
@@ -442,11 +434,19 @@ fn prepare_role(state: &State, req: &Request) -> Result<Role> {
             *sources,
         )?)),
         Operation::Pull { sources, recursive } => {
-            let paths = sources
-                .iter()
-                .map(|s| state.scope.resolve(s))
-                .collect::<Result<Vec<_>, _>>()?;
-            Role::Send(SendSource::tree(SourceTree::walk(&paths, *recursive)?))
+            let (mut paths, mut seen) = (Vec::with_capacity(sources.len()), HashSet::new());
+            for s in sources {
+                let p = state.scope.resolve(s)?;
+                // The same source named twice would be sent, and written, twice.
+                if seen.insert(p.clone()) {
+                    paths.push(p);
+                }
+            }
+            let recursive = *recursive;
+            let tree = tokio::task::spawn_blocking(move || SourceTree::walk(&paths, recursive))
+                .await
+                .map_err(|e| Error::Malformed(format!("listing the sources failed: {e}")))??;
+            Role::Send(SendSource::tree(tree))
         }
         Operation::Bench {
             direction: BenchDirection::Upload,

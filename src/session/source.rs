@@ -5,18 +5,13 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use crate::channels::limits::MAX_UNFINISHED_FILES;
 use crate::channels::manifest::{Entry, EntryKind};
 use crate::error::{Error, Result};
 use crate::fsio::source::{read_block, SourceTree};
 
 /// Manifest entries per control message.
 pub const MANIFEST_CHUNK: usize = 1000;
-/// Files of a tree announced and not yet committed or skipped, at most. The receiver holds
-/// each open (a partial file, and its journal when it has several blocks) until it commits
-/// it, so the whole tree announced at once took two descriptors per file: a 2,000-file push
-/// failed at the usual `ulimit -n 1024`. 256 files ahead still keep every channel busy (a
-/// round trip per file is paid only once per 256 files).
-pub const MAX_UNFINISHED_FILES: u64 = 256;
 /// Largest generated file in bench mode.
 pub const GENERATED_FILE_MAX: u64 = 256 << 20;
 /// Generated files announced ahead of completion on a short path.
@@ -142,7 +137,7 @@ impl SendSource {
             pattern: Bytes::from(pattern),
             limit,
             channels,
-            window: GENERATED_WINDOW + extra.ceil() as u64,
+            window: (GENERATED_WINDOW + extra.ceil() as u64).min(MAX_UNFINISHED_FILES),
             announced: 0,
             files: 0,
             ended: false,

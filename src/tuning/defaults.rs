@@ -10,9 +10,6 @@
 /// `hsxfer probe` picks a measured value for a given path.
 pub const CHANNELS: u16 = 4;
 
-/// Largest channel count accepted (a sanity bound, like iperf3's 128).
-pub const MAX_CHANNELS: u16 = 128;
-
 /// Most channels the online tuner grows a transfer to unless told otherwise: enough for a
 /// 10 Gbit/s × 250 ms path whose hosts cap each socket at a 4 MiB window (about 26 of them),
 /// few enough that a transfer cannot open a flood of connections on its own.
@@ -26,9 +23,3 @@ pub const MAX_TUNED_CHANNELS: u16 = 32;
 /// channels; a damaged block costs 4 MiB to re-send, and memory in flight stays at a few
 /// blocks per channel.
 pub const BLOCK_SIZE: u32 = 4 << 20;
-
-/// Smallest block size accepted.
-pub const MIN_BLOCK: u32 = 4 << 10;
-
-/// Largest block size accepted (the frame limit).
-pub const MAX_BLOCK: u32 = crate::channels::frame::MAX_PAYLOAD;

@@ -1,0 +1,265 @@
+//! Bounds checks of what a client asks a server for. A request is decoded from JSON the peer
+//! wrote, so every count, size and duration in it is checked against [`super::limits`]
+//! before the server allocates, schedules or converts anything from it: `interval_ms: 0` or
+//! `seconds: 1e300` would otherwise panic a task in a timer or a `Duration` conversion.
+
+use super::control::{Operation, Request, Tuning, PROTOCOL_VERSION};
+use super::limits::*;
+use crate::tuning::bdp::BufferRequest;
+
+/// A request outside what this server accepts; the text says what and the allowed range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadRequest(pub String);
+
+fn bad<T>(what: String) -> Result<T, BadRequest> {
+    Err(BadRequest(what))
+}
+
+/// Largest socket buffer a request may name: the kernel takes an `int`.
+const MAX_BUFFER: u64 = i32::MAX as u64;
+
+impl Request {
+    /// Checks every field against [`super::limits`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use hsxfer::channels::control::{Operation, Request, Tuning, PROTOCOL_VERSION};
+    ///
+    /// let mut req = Request {
+    ///     version: PROTOCOL_VERSION,
+    ///     op: Operation::Pull { sources: vec!["data".into()], recursive: true },
+    ///     channels: 4,
+    ///     block_size: 4 << 20,
+    ///     tuning: Tuning::kernel_defaults(4),
+    /// };
+    /// assert!(req.check().is_ok());
+    /// req.tuning.interval_ms = 0;
+    /// assert!(req.check().is_err());
+    /// ```
+    pub fn check(&self) -> Result<(), BadRequest> {
+        if self.version != PROTOCOL_VERSION {
+            return bad(format!(
+                "protocol version {} is not supported (server speaks {PROTOCOL_VERSION}): run \
+                 the same hsxfer version on both ends",
+                self.version
+            ));
+        }
+        if !(1..=MAX_CHANNELS).contains(&self.channels) {
+            return bad(format!(
+                "channel count {} is out of range: use 1 to {MAX_CHANNELS}",
+                self.channels
+            ));
+        }
+        if !(MIN_BLOCK..=MAX_BLOCK).contains(&self.block_size) {
+            return bad(format!(
+                "block size {} is out of range: use {MIN_BLOCK} to {MAX_BLOCK} bytes",
+                self.block_size
+            ));
+        }
+        check_operation(&self.op)?;
+        check_tuning(&self.tuning)
+    }
+}
+
+fn check_operation(op: &Operation) -> Result<(), BadRequest> {
+    match op {
+        Operation::Push { dest, .. } => check_path(dest),
+        Operation::Pull { sources, .. } => {
+            if sources.is_empty() || sources.len() > MAX_PULL_SOURCES {
+                return bad(format!(
+                    "a pull names {} sources: name 1 to {MAX_PULL_SOURCES}",
+                    sources.len()
+                ));
+            }
+            sources.iter().try_for_each(|s| check_path(s))
+        }
+        Operation::Bench { seconds, .. } => match seconds {
+            Some(s) if !(s.is_finite() && *s > 0.0 && *s <= MAX_BENCH_SECONDS) => bad(format!(
+                "bench duration {s:?} s is out of range: use more than 0 and at most \
+                 {MAX_BENCH_SECONDS} s"
+            )),
+            _ => Ok(()),
+        },
+    }
+}
+
+fn check_path(p: &str) -> Result<(), BadRequest> {
+    if p.len() > MAX_PATH {
+        return bad(format!(
+            "a path of {} bytes is longer than the {MAX_PATH} allowed",
+            p.len()
+        ));
+    }
+    Ok(())
+}
+
+fn check_tuning(t: &Tuning) -> Result<(), BadRequest> {
+    let per_channel = MAX_CHANNELS as usize;
+    if t.cc.len() > per_channel || t.pace.len() > per_channel || t.stagger_us.len() > per_channel {
+        return bad(format!(
+            "more than {per_channel} per-channel settings (congestion controls, pacing caps or \
+             start offsets)"
+        ));
+    }
+    let cc_names =
+        t.cc.iter()
+            .chain(t.online.iter().filter_map(|o| o.meter_cc.as_ref()));
+    for name in cc_names {
+        if name.is_empty() || name.len() > MAX_CC_NAME || !name.is_ascii() {
+            return bad(format!(
+                "congestion control name {name:?} is not a valid name"
+            ));
+        }
+    }
+    if t.pace.iter().flatten().any(|&r| r == 0) {
+        return bad("a pacing cap of 0 bytes/s would stop the channel: omit it instead".into());
+    }
+    let max_stagger = MAX_STAGGER.as_micros() as u64;
+    if let Some(us) = t.stagger_us.iter().find(|&&us| us > max_stagger) {
+        return bad(format!(
+            "a start offset of {us} µs is longer than the {} s allowed",
+            MAX_STAGGER.as_secs()
+        ));
+    }
+    if t.rtt_us > MAX_RTT.as_micros() as u64 {
+        return bad(format!(
+            "an RTT of {} µs is longer than the {} s allowed",
+            t.rtt_us,
+            MAX_RTT.as_secs()
+        ));
+    }
+    if !INTERVAL_MS.contains(&t.interval_ms) {
+        return bad(format!(
+            "telemetry interval {} ms is out of range: use {} to {} ms",
+            t.interval_ms,
+            INTERVAL_MS.start(),
+            INTERVAL_MS.end()
+        ));
+    }
+    match t.buffer {
+        BufferRequest::Fixed(b) | BufferRequest::Window(b) if b == 0 || b > MAX_BUFFER => {
+            return bad(format!(
+                "a socket buffer of {b} bytes is out of range: use 1 to {MAX_BUFFER}"
+            ))
+        }
+        _ => {}
+    }
+    if let Some(o) = &t.online {
+        if !(1..=MAX_CHANNELS).contains(&o.max_channels) {
+            return bad(format!(
+                "the tuner's channel limit {} is out of range: use 1 to {MAX_CHANNELS}",
+                o.max_channels
+            ));
+        }
+        if o.rate_bps == Some(0) {
+            return bad("a known path rate of 0 bit/s: omit the rate instead".into());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channels::control::{BenchDirection, OnlineTuning, Policy};
+
+    fn ok() -> Request {
+        Request {
+            version: PROTOCOL_VERSION,
+            op: Operation::Bench {
+                direction: BenchDirection::Download,
+                bytes: None,
+                seconds: Some(3.0),
+            },
+            channels: 8,
+            block_size: 1 << 20,
+            tuning: Tuning {
+                cc: vec!["cubic".into()],
+                pace: vec![Some(1 << 30); 8],
+                stagger_us: vec![0, 120_000],
+                rtt_us: 60_000,
+                online: Some(OnlineTuning {
+                    max_channels: 32,
+                    rate_bps: Some(1 << 30),
+                    pace: true,
+                    meter: false,
+                    meter_cc: Some("bbr".into()),
+                    policy: Policy::Fair,
+                }),
+                ..Tuning::kernel_defaults(8)
+            },
+        }
+    }
+
+    /// Each hostile value is refused with a message naming it; everything sane passes.
+    #[test]
+    fn every_peer_sent_bound_is_checked() {
+        assert_eq!(ok().check(), Ok(()));
+        type Spoil = Box<dyn Fn(&mut Request)>;
+        let cases: Vec<(&str, Spoil)> = vec![
+            ("protocol version 2", Box::new(|r| r.version = 2)),
+            ("channel count 0", Box::new(|r| r.channels = 0)),
+            ("channel count 129", Box::new(|r| r.channels = 129)),
+            ("block size 1 ", Box::new(|r| r.block_size = 1)),
+            ("interval 0 ms", Box::new(|r| r.tuning.interval_ms = 0)),
+            (
+                "offset of 18446744073709551615",
+                Box::new(|r| r.tuning.stagger_us[1] = u64::MAX),
+            ),
+            ("RTT of", Box::new(|r| r.tuning.rtt_us = u64::MAX)),
+            ("pacing cap of 0", Box::new(|r| r.tuning.pace[0] = Some(0))),
+            ("per-channel", Box::new(|r| r.tuning.pace = vec![None; 129])),
+            (
+                "\"cubic cubic cubic\"",
+                Box::new(|r| r.tuning.cc = vec!["cubic cubic cubic".into()]),
+            ),
+            (
+                "socket buffer of 0",
+                Box::new(|r| r.tuning.buffer = BufferRequest::Fixed(0)),
+            ),
+            (
+                "rate of 0",
+                Box::new(|r| r.tuning.online.as_mut().unwrap().rate_bps = Some(0)),
+            ),
+            (
+                "limit 0",
+                Box::new(|r| r.tuning.online.as_mut().unwrap().max_channels = 0),
+            ),
+            ("1e300 s", Box::new(|r| r.op = bench(Some(1e300)))),
+            ("NaN s", Box::new(|r| r.op = bench(Some(f64::NAN)))),
+            ("-1.0 s", Box::new(|r| r.op = bench(Some(-1.0)))),
+            ("names 0 sources", Box::new(|r| r.op = pull(vec![]))),
+            (
+                "names 4097 sources",
+                Box::new(|r| r.op = pull(vec!["a".into(); 4097])),
+            ),
+            (
+                "4097 bytes",
+                Box::new(|r| r.op = pull(vec!["a".repeat(4097)])),
+            ),
+        ];
+        for (needle, spoil) in cases {
+            let mut r = ok();
+            spoil(&mut r);
+            let e = r.check().expect_err(needle).to_string();
+            assert!(e.contains(needle), "{needle:?} not in {e:?}");
+        }
+    }
+
+    fn bench(seconds: Option<f64>) -> Operation {
+        Operation::Bench {
+            direction: BenchDirection::Upload,
+            bytes: None,
+            seconds,
+        }
+    }
+
+    fn pull(sources: Vec<String>) -> Operation {
+        Operation::Pull {
+            sources,
+            recursive: false,
+        }
+    }
+}

@@ -1,0 +1,44 @@
+//! What the protocol accepts from a peer: every count, size and duration a peer sends is
+//! checked against these bounds before anything is allocated, opened or scheduled from it.
+
+use std::time::Duration;
+
+/// Largest channel count accepted (a sanity bound, like iperf3's 128).
+pub const MAX_CHANNELS: u16 = 128;
+
+/// Smallest block size accepted.
+pub const MIN_BLOCK: u32 = 4 << 10;
+
+/// Largest block size accepted (the frame limit).
+pub const MAX_BLOCK: u32 = super::frame::MAX_PAYLOAD;
+
+/// Most announced files a sender keeps neither committed nor skipped: the receiver holds
+/// each of them open (a part file and its journal), so this bounds its descriptors per
+/// session. A receiver refuses a manifest that goes past it. 256 files ahead still keep every
+/// channel busy (a round trip per file is paid only once per 256 files).
+pub const MAX_UNFINISHED_FILES: u64 = 256;
+
+/// Most block digests in one `Sealed` message: a seal of a larger file goes in pieces, so a
+/// file of any size fits the control frame limit (200,000 digests are 13.4 MB of JSON).
+pub const SEAL_PIECE: usize = 200_000;
+
+/// Latest start offset a channel may be given (a stagger of a few RTTs is seconds at most).
+pub const MAX_STAGGER: Duration = Duration::from_secs(60);
+
+/// Largest path RTT a plan may assume: beyond any terrestrial or satellite path.
+pub const MAX_RTT: Duration = Duration::from_secs(10);
+
+/// Bounds of the telemetry interval a client may ask a sending server for, milliseconds.
+pub const INTERVAL_MS: std::ops::RangeInclusive<u32> = 10..=60_000;
+
+/// Longest bench a client may ask for: one day.
+pub const MAX_BENCH_SECONDS: f64 = 86_400.0;
+
+/// Most sources one pull may name.
+pub const MAX_PULL_SOURCES: usize = 4096;
+
+/// Longest path a peer may send, bytes (Linux's `PATH_MAX`).
+pub const MAX_PATH: usize = 4096;
+
+/// Longest congestion control name (the kernel's `TCP_CA_NAME_MAX` less the final NUL).
+pub const MAX_CC_NAME: usize = 15;
