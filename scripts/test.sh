@@ -14,6 +14,8 @@ make -C bpf check
 cargo clippy --release --all-targets -- -D warnings
 # Every test binary runs even when an earlier one fails; any failure still fails the script.
 cargo test --release --all-targets --no-fail-fast
+# The examples in the documentation (--all-targets leaves them out).
+cargo test --release --doc
 # Fuzz the peer-input decoders for a short while (the same invariants run in the unit tests).
 command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked --quiet
 (cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run decoders --fuzz-dir . -- -max_total_time=30 2>&1 | tail -n 2)

@@ -4,6 +4,7 @@
 use std::io;
 use std::net::IpAddr;
 
+use crate::channels::busy::Busy;
 use crate::channels::Violation;
 use crate::fsio::dest::DestError;
 use crate::fsio::root::RootError;
@@ -45,6 +46,14 @@ pub enum Error {
     /// The server refused the request.
     #[error("server refused: {0}")]
     Refused(String),
+    /// The server turned the connection away: it is at one of its caps.
+    #[error("server {peer} is busy: {busy}; retry later{}", busy_hint(.busy))]
+    Busy {
+        /// The server.
+        peer: String,
+        /// Which cap.
+        busy: Busy,
+    },
     /// The peer aborted the session and said why.
     #[error("peer aborted the transfer: {0}")]
     PeerAborted(String),
@@ -105,6 +114,15 @@ impl Error {
 
 /// Result with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What the server's operator can change when its session caps turn clients away.
+fn busy_hint(b: &Busy) -> &'static str {
+    match (b.sessions, b.per_address) {
+        (true, true) => " (the server's --max-sessions-per-address raises the limit)",
+        (true, false) => " (the server's --max-sessions raises the limit)",
+        (false, _) => "",
+    }
+}
 
 /// The message of [`Error::CcNotInForce`]: the route's `congctl lock` when `ip route get`
 /// shows one; otherwise what the kernel said, and what the route shows or why it is not known.

@@ -54,6 +54,7 @@ pub mod probe {
 
 pub use channels::control::BenchDirection;
 pub use error::{Error, Result};
+pub use session::admission::ServerLimits;
 pub use session::client::{Client, PathRate, TransferOptions, Tune};
 pub use session::report::{ChannelReport, LiveStats, TransferReport};
 pub use session::sender::FaultInjection;

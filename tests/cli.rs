@@ -4,31 +4,13 @@
 mod common;
 
 use std::fs;
-use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{random_file, sha256};
+use common::{free_port, limited, random_file, sha256, wait_listening, ServerProc};
 
 const BIN: &str = env!("CARGO_BIN_EXE_hsxfer");
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct ServerProc(Child);
-
-impl Drop for ServerProc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn serve(root: &Path, port: u16) -> ServerProc {
     common::isolate_profiles();
@@ -38,11 +20,7 @@ fn serve(root: &Path, port: u16) -> ServerProc {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "server did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_listening(port);
     ServerProc(child)
 }
 
@@ -470,14 +448,6 @@ fn probe_and_profiles_give_one_line_errors_and_warnings() {
     );
 }
 
-/// Runs hsxfer with its open-files limit at 1,024, soft and hard, as on many hosts.
-fn limited() -> Command {
-    common::isolate_profiles();
-    let mut c = Command::new("prlimit");
-    c.args(["--nofile=1024:1024", BIN]);
-    c
-}
-
 #[test]
 fn a_2000_file_tree_pushes_and_pulls_at_ulimit_n_1024() {
     let dir = tempfile::tempdir().unwrap();
@@ -499,11 +469,7 @@ fn a_2000_file_tree_pushes_and_pulls_at_ulimit_n_1024() {
         .spawn()
         .unwrap();
     let _server = ServerProc(server);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "server did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_listening(port);
     let p = port.to_string();
     let push = limited()
         .args([

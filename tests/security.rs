@@ -52,6 +52,7 @@ async fn no_auth_is_refused_off_loopback() {
         listen: "0.0.0.0:0".parse().unwrap(),
         auth: Auth::NoAuth,
         faults: FaultInjection::default(),
+        limits: Default::default(),
     })
     .await
     .err()

@@ -4,6 +4,7 @@
 //!
 //! - [`frame`]: the data-channel block header.
 //! - [`control`]: control-connection messages and their framing.
+//! - [`busy`]: the server's answer to a connection past one of its caps.
 //! - [`checks`]: bounds checks of a client's request.
 //! - [`auth`]: the handshake that authenticates control connections and data channels.
 //! - [`manifest`]: the file list and path rules.
@@ -14,6 +15,7 @@
 
 pub mod auth;
 pub mod blocks;
+pub mod busy;
 pub mod checks;
 pub mod control;
 pub mod frame;

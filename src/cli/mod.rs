@@ -23,7 +23,7 @@ use hsxfer::tuning::bdp::BufferChoice;
 use hsxfer::tuning::desync::{PaceChoice, StaggerChoice};
 use hsxfer::{
     Auth, BenchDirection, Client, FaultInjection, LiveStats, PathRate, Server, ServerConfig,
-    TransferOptions, TransferReport, Tune, DEFAULT_PORT,
+    ServerLimits, TransferOptions, TransferReport, Tune, DEFAULT_PORT,
 };
 
 use operands::Direction;
@@ -112,6 +112,14 @@ struct ServeArgs {
     /// TCP port for control and data channels.
     #[arg(long, default_value_t = DEFAULT_PORT)]
     port: u16,
+    /// Most sessions served at once; more are turned away with a message to retry.
+    #[arg(long, value_name = "N", default_value_t = ServerLimits::default().sessions,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_sessions: u32,
+    /// Most sessions served at once from one client address.
+    #[arg(long, value_name = "N", default_value_t = ServerLimits::default().sessions_per_address,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_sessions_per_address: u32,
     #[command(flatten)]
     auth: AuthArgs,
     #[command(flatten)]
@@ -391,6 +399,11 @@ async fn serve(a: ServeArgs) -> anyhow::Result<bool> {
         listen: SocketAddr::new(ip, a.port),
         auth,
         faults: a.faults.faults(),
+        limits: ServerLimits {
+            sessions: a.max_sessions,
+            sessions_per_address: a.max_sessions_per_address,
+            ..ServerLimits::default()
+        },
     })
     .await?;
     tracing::info!("serving {} on {}", a.root.display(), server.local_addr());

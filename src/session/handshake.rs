@@ -10,6 +10,7 @@ use crate::channels::auth::{
     self, Hello, ServerHello, SessionId, SessionKey, TokenKey, Welcome, JOIN_OK, REFUSED,
     SERVER_HELLO_LEN, WELCOME_LEN, WELCOME_TAG,
 };
+use crate::channels::busy::{Busy, BUSY_TAG};
 use crate::error::{Error, Result};
 
 /// How long either side waits for a handshake step.
@@ -32,6 +33,12 @@ async fn server_hello(s: &mut TcpStream, peer: &str) -> Result<ServerHello> {
     read_exact_timed(s, &mut b)
         .await
         .map_err(|_| Error::NotHsxfer(peer.into()))?;
+    if let Some(busy) = Busy::decode(&b) {
+        return Err(Error::Busy {
+            peer: peer.into(),
+            busy,
+        });
+    }
     ServerHello::decode(&b).ok_or_else(|| Error::NotHsxfer(peer.into()))
 }
 
@@ -48,6 +55,16 @@ pub async fn client_control(
     read_exact_timed(s, &mut b[..4])
         .await
         .map_err(|_| Error::AuthRefused(peer.into()))?;
+    if b[..4] == BUSY_TAG {
+        let mut busy = [0u8; SERVER_HELLO_LEN];
+        busy[..4].copy_from_slice(&BUSY_TAG);
+        read_exact_timed(s, &mut busy[4..]).await?;
+        let busy = Busy::decode(&busy).expect("a busy tag");
+        return Err(Error::Busy {
+            peer: peer.into(),
+            busy,
+        });
+    }
     if b[..4] == REFUSED || b[..4] != WELCOME_TAG {
         return Err(Error::AuthRefused(peer.into()));
     }
@@ -91,6 +108,12 @@ pub async fn server_accept(s: &mut TcpStream) -> Result<(ServerHello, Hello)> {
     read_exact_timed(s, &mut body).await?;
     let hello = Hello::decode(&tag, &body).ok_or_else(|| Error::Malformed("bad hello".into()))?;
     Ok((sh, hello))
+}
+
+/// Server: turns a connection away at one of its caps and closes. The answer is one small
+/// write to a fresh socket, so it never waits for the peer.
+pub fn turn_away(s: TcpStream, busy: Busy) {
+    let _ = s.try_write(&busy.encode());
 }
 
 /// Server: refuses and closes.

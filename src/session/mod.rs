@@ -2,6 +2,7 @@
 //! tokio sockets and files. [`client`] and [`server`] open sessions; [`sender`] and
 //! [`receiver`] run the data plane of either role, so push, pull and bench share one code path.
 
+pub mod admission;
 pub mod client;
 pub mod engine;
 pub mod growth;

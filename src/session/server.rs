@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
+use super::admission::{Admission, ServerLimits, Ticket};
 use super::growth::{Arrivals, Growth, Joiner, Reserve, Setup};
 use super::handshake;
 use super::receiver::{ReceiveEngine, Sink};
@@ -47,6 +48,9 @@ pub struct ServerConfig {
     pub auth: Auth,
     /// Deliberate damage to blocks this server sends, for tests of the integrity path.
     pub faults: FaultInjection,
+    /// How many connections and sessions it holds at once, and how long a peer may take to
+    /// authenticate and to ask.
+    pub limits: ServerLimits,
 }
 
 struct Pending {
@@ -91,6 +95,7 @@ struct State {
     scope: Scope,
     key: TokenKey,
     faults: FaultInjection,
+    admission: Admission,
     pending: Mutex<HashMap<SessionId, Pending>>,
 }
 
@@ -120,6 +125,7 @@ impl Server {
                 scope,
                 key: cfg.auth.key(),
                 faults: cfg.faults,
+                admission: Admission::new(cfg.limits),
                 pending: Mutex::new(HashMap::new()),
             }),
         })
@@ -142,9 +148,21 @@ impl Server {
                     continue;
                 }
             };
+            // A vanished peer frees its connection, whatever phase it is in.
+            if let Err(e) = transport::keep_alive(&stream) {
+                tracing::warn!("{peer}: setting keepalives: {e}");
+            }
+            let ticket = match self.state.admission.handshake(peer.ip()) {
+                Ok(t) => t,
+                Err(busy) => {
+                    tracing::warn!("{peer}: turned away: {busy}");
+                    handshake::turn_away(stream, busy);
+                    continue;
+                }
+            };
             let state = self.state.clone();
             tokio::spawn(async move {
-                if let Err(e) = connection(state, stream, peer).await {
+                if let Err(e) = connection(state, stream, peer, ticket).await {
                     tracing::warn!("{peer}: {e}");
                 }
             });
@@ -152,8 +170,20 @@ impl Server {
     }
 }
 
-async fn connection(state: Arc<State>, mut s: TcpStream, peer: SocketAddr) -> Result<()> {
-    let (sh, hello) = handshake::server_accept(&mut s).await?;
+/// Serves one accepted connection: authenticates it within the handshake timeout (while
+/// `handshaking` counts it), then runs its session or hands it to its session as a channel.
+async fn connection(
+    state: Arc<State>,
+    mut s: TcpStream,
+    peer: SocketAddr,
+    handshaking: Ticket,
+) -> Result<()> {
+    let limits = state.admission.limits();
+    let (sh, hello) =
+        tokio::time::timeout(limits.handshake_timeout, handshake::server_accept(&mut s))
+            .await
+            .map_err(|_| Error::Timeout("waiting for the peer's handshake"))??;
+    drop(handshaking);
     match hello {
         Hello::Control { .. } => {
             let session: SessionId = rand::random();
@@ -162,12 +192,24 @@ async fn connection(state: Arc<State>, mut s: TcpStream, peer: SocketAddr) -> Re
                 handshake::refuse(s).await;
                 return Err(Error::AuthRefused(peer.to_string()));
             };
+            let counted = match state.admission.session(peer.ip()) {
+                Ok(t) => t,
+                Err(busy) => {
+                    handshake::turn_away(s, busy);
+                    return Err(Error::Busy {
+                        peer: peer.to_string(),
+                        busy,
+                    });
+                }
+            };
             use tokio::io::AsyncWriteExt;
             s.write_all(&welcome.encode())
                 .await
                 .map_err(|_| Error::PeerVanished)?;
             s.set_nodelay(true).ok();
-            control(state, s, peer, session, skey).await
+            let out = control(state, s, peer, session, skey).await;
+            drop(counted);
+            out
         }
         Hello::Join {
             session, channel, ..
@@ -204,8 +246,14 @@ async fn control(
 ) -> Result<()> {
     let (r, w) = ctrl.into_split();
     let (mut r, mut w) = (ControlReader::new(r), ControlWriter::new(w));
+    // Pings and facts come first; the request must follow soon, or the session slot is held
+    // by a peer that does nothing.
+    let asked_by = Instant::now() + state.admission.limits().request_timeout;
     let req = loop {
-        match r.expect().await? {
+        let next = tokio::time::timeout_at(asked_by.into(), r.expect())
+            .await
+            .map_err(|_| Error::Timeout("waiting for the client's request"))?;
+        match next? {
             Message::Ping { seq } => w.send(&Message::Pong { seq }).await?,
             Message::Facts => w.send(&Message::HostFacts(host_facts()?)).await?,
             Message::Request(req) => break req,
@@ -229,8 +277,8 @@ async fn control(
         Ok(p) => p,
         Err(e) => {
             // Tell the client what was wrong in its own terms: paths relative to the root,
-            // never where the root is on the server.
-            w.abort(&Error::Refused(state.scope.hide_root(&e.to_string())))
+            // never where the root is on the server. The client says "server refused".
+            w.abort(&Error::Usage(state.scope.hide_root(&e.to_string())))
                 .await;
             return Err(e);
         }

@@ -7,4 +7,4 @@ pub mod route;
 pub mod tcp;
 pub mod tcp_info;
 
-pub use tcp::{connect, listen, set_max_pacing_rate, SocketOptions};
+pub use tcp::{connect, keep_alive, listen, set_max_pacing_rate, SocketOptions};

@@ -6,8 +6,9 @@ use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd};
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use socket2::{Domain, Protocol, Socket, Type};
+use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 use crate::tuning::bundled::group::DmcGroup;
@@ -74,14 +75,38 @@ pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
     TcpListener::from_std(sock.into())
 }
 
-/// Connects to `addr` with `opts` applied before the SYN.
+/// Connects to `addr` with `opts` and [`keep_alive`] applied before the SYN.
 pub async fn connect(addr: SocketAddr, opts: &SocketOptions) -> io::Result<TcpStream> {
     let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     sock.set_nonblocking(true)?;
     sock.set_nodelay(opts.nodelay)?;
     opts.apply(&sock)?;
+    keep_alive(&sock)?;
     let sock = TcpSocket::from_std_stream(std::net::TcpStream::from(sock));
     sock.connect(addr).await
+}
+
+/// A connection idle this long is probed (`TCP_KEEPIDLE`)...
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+/// ...every this often (`TCP_KEEPINTVL`)...
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// ...and dropped after this many probes go unanswered (`TCP_KEEPCNT`).
+pub const KEEPALIVE_PROBES: u32 = 3;
+/// Sent data unacknowledged this long drops the connection (`TCP_USER_TIMEOUT`): two minutes
+/// without a single ACK is a dead path even at 250 ms RTT with backed-off retransmits.
+pub const USER_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Makes a vanished peer end the connection within about a minute whether the connection is
+/// idle (keepalive probes) or sending (`TCP_USER_TIMEOUT`), so its session frees what it
+/// holds instead of waiting forever.
+pub fn keep_alive(sock: &impl AsFd) -> io::Result<()> {
+    let sock = SockRef::from(sock);
+    let probes = TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES);
+    sock.set_tcp_keepalive(&probes)?;
+    sock.set_tcp_user_timeout(Some(USER_TIMEOUT))
 }
 
 /// Unsent bytes a sending data socket holds before it stops taking more: a channel that
@@ -173,5 +198,10 @@ mod tests {
             v, 50_000_000_000,
             "the 64-bit pacing cap is kept, not truncated"
         );
+        assert!(sock.keepalive().unwrap());
+        assert_eq!(sock.keepalive_time().unwrap(), KEEPALIVE_IDLE);
+        assert_eq!(sock.keepalive_interval().unwrap(), KEEPALIVE_INTERVAL);
+        assert_eq!(sock.keepalive_retries().unwrap(), KEEPALIVE_PROBES);
+        assert_eq!(sock.tcp_user_timeout().unwrap(), Some(USER_TIMEOUT));
     }
 }

@@ -12,7 +12,9 @@ use std::sync::Arc;
 
 pub mod netns;
 
-use hsxfer::{Auth, Client, FaultInjection, LiveStats, Server, ServerConfig, TransferOptions};
+use hsxfer::{
+    Auth, Client, FaultInjection, LiveStats, Server, ServerConfig, ServerLimits, TransferOptions,
+};
 use rand::{RngCore, SeedableRng};
 
 /// Points every hsxfer process this test binary starts at a cache directory of its own, so
@@ -28,11 +30,22 @@ pub fn isolate_profiles() {
 
 /// Starts a server on an ephemeral loopback port, serving `root`.
 pub async fn server(root: &Path, auth: Auth, faults: FaultInjection) -> SocketAddr {
+    server_with(root, auth, faults, ServerLimits::default()).await
+}
+
+/// Starts a server with explicit limits.
+pub async fn server_with(
+    root: &Path,
+    auth: Auth,
+    faults: FaultInjection,
+    limits: ServerLimits,
+) -> SocketAddr {
     let s = Server::bind(ServerConfig {
         root: root.to_path_buf(),
         listen: "127.0.0.1:0".parse().unwrap(),
         auth,
         faults,
+        limits,
     })
     .await
     .expect("server binds");
@@ -165,4 +178,40 @@ pub fn validated_events(stdout: &[u8]) -> Vec<serde_json::Value> {
     broken.as_object_mut().unwrap().remove("loss_sync");
     assert!(!validator.is_valid(&broken));
     events
+}
+
+/// A loopback port nothing listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// An `hsxfer serve` process, killed when dropped.
+pub struct ServerProc(pub std::process::Child);
+
+impl Drop for ServerProc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits until something accepts connections on loopback `port`.
+pub fn wait_listening(port: u16) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(std::time::Instant::now() < deadline, "server did not start");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// The hsxfer binary run with its open-files limit at 1,024, soft and hard, as on many hosts.
+pub fn limited() -> Command {
+    isolate_profiles();
+    let mut c = Command::new("prlimit");
+    c.args(["--nofile=1024:1024", env!("CARGO_BIN_EXE_hsxfer")]);
+    c
 }

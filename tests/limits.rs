@@ -1,0 +1,224 @@
+//! Bounded resources: a flood of connections that never authenticate, a client that
+//! authenticates and then idles, and too many sessions at once are each turned away or timed
+//! out, while real copies go on; many clients at once are all served in bounded memory.
+
+mod common;
+
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use hsxfer::{Auth, Error, FaultInjection, ServerLimits};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+/// `hsxfer serve --no-auth` at `ulimit -n 1024` on a free loopback port.
+fn limited_server(root: &Path) -> (ServerProc, u16) {
+    let port = free_port();
+    let child = limited()
+        .args(["serve", "--no-auth", "--port", &port.to_string(), "--root"])
+        .arg(root)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let server = ServerProc(child);
+    wait_listening(port);
+    (server, port)
+}
+
+/// Holds a connection from 127.0.0.2 that dribbles a control hello one byte every 2 s, so
+/// no single read of the server's times out, opening a new one whenever the server drops it,
+/// until `stop`; counts the server's busy answers.
+async fn hold(port: u16, stop: Arc<AtomicBool>, busy: Arc<AtomicU64>) {
+    let mut hello = b"HXCC".to_vec();
+    hello.resize(68, 0);
+    while !stop.load(Ordering::Relaxed) {
+        let sock = TcpSocket::new_v4().unwrap();
+        sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let Ok(mut s) = sock.connect(([127, 0, 0, 1], port).into()).await else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        let (mut answer, mut sent, mut buf) = (Vec::new(), 0, [0u8; 64]);
+        while !stop.load(Ordering::Relaxed) {
+            match tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                Ok(Ok(n)) => answer.extend_from_slice(&buf[..n]),
+                Err(_) if sent < hello.len() => {
+                    if s.write_all(&hello[sent..sent + 1]).await.is_err() {
+                        break;
+                    }
+                    sent += 1;
+                }
+                Err(_) => {}
+            }
+        }
+        if answer.starts_with(b"HXBZ") {
+            busy.fetch_add(1, Ordering::Relaxed);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// 1,100 connections from one address that never finish authenticating (each replaced as
+/// soon as the server drops it) are more than the server's 1,024 descriptors: without a cap
+/// they leave no descriptor for a real client for longer than it waits for the server's
+/// hello. The cap per address turns most away at once, and a copy from another address
+/// completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_unauthenticated_connections_does_not_stop_a_real_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("f");
+    random_file(&src, 8 << 20, 11);
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let (_server, port) = limited_server(&root);
+    let (stop, busy) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let flood: Vec<_> = (0..1100)
+        .map(|_| tokio::spawn(hold(port, stop.clone(), busy.clone())))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut copy = std::process::Command::new(env!("CARGO_BIN_EXE_hsxfer"));
+    copy.args(["copy", "--no-auth", "--port", &port.to_string()])
+        .arg(&src)
+        .arg("127.0.0.1:");
+    let copy = tokio::task::spawn_blocking(move || copy.output().unwrap())
+        .await
+        .unwrap();
+    stop.store(true, Ordering::Relaxed);
+    for f in flood {
+        f.await.unwrap();
+    }
+    assert!(
+        copy.status.success(),
+        "{}",
+        String::from_utf8_lossy(&copy.stderr)
+    );
+    assert_eq!(sha256(&src), sha256(&root.join("f")));
+    let turned_away = busy.load(Ordering::Relaxed);
+    eprintln!("busy answers to the flood: {turned_away}");
+    assert!(turned_away >= 1100 - 256, "{turned_away}");
+}
+
+/// A connection that sends its hello one byte at a time is dropped when the whole handshake
+/// takes longer than the limit, not only when one read does.
+#[tokio::test]
+async fn a_handshake_dribbled_byte_by_byte_is_cut_off_at_the_deadline() {
+    let root = tempfile::tempdir().unwrap();
+    let limits = ServerLimits {
+        handshake_timeout: Duration::from_secs(1),
+        ..ServerLimits::default()
+    };
+    let addr = server_with(root.path(), Auth::NoAuth, FaultInjection::default(), limits).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut hello = [0u8; 36];
+    s.read_exact(&mut hello).await.unwrap();
+    let started = std::time::Instant::now();
+    // A control hello is 68 bytes: 27 s at this pace.
+    let mut hello = b"HXCC".to_vec();
+    hello.resize(68, 0);
+    for b in hello {
+        if s.write_all(&[b]).await.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let mut probe = [0u8; 1];
+        if let Ok(Ok(0)) = tokio::time::timeout(Duration::ZERO, s.read(&mut probe)).await {
+            break;
+        }
+    }
+    let held = started.elapsed();
+    assert!(held < Duration::from_secs(5), "held for {held:?}");
+}
+
+/// A session past the per-address cap is told which cap and to retry; a session that
+/// authenticates and never asks for anything is dropped after the request timeout, which
+/// frees its slot.
+#[tokio::test]
+async fn a_session_past_the_cap_is_told_to_retry_and_an_idle_one_frees_its_slot() {
+    let root = tempfile::tempdir().unwrap();
+    let src = tempfile::tempdir().unwrap();
+    random_file(&src.path().join("f"), 100_000, 3);
+    let limits = ServerLimits {
+        sessions_per_address: 1,
+        request_timeout: Duration::from_secs(2),
+        ..ServerLimits::default()
+    };
+    let addr = server_with(root.path(), Auth::NoAuth, FaultInjection::default(), limits).await;
+    let mut idle = TcpStream::connect(addr).await.unwrap();
+    let key = hsxfer::channels::auth::TokenKey::from_token(b"");
+    hsxfer::session::handshake::client_control(&mut idle, &key, "t")
+        .await
+        .unwrap();
+    let push = || async {
+        client(addr, 2)
+            .push(&[src.path().join("f")], false, "f", &live(2))
+            .await
+    };
+    let e = push().await.unwrap_err();
+    assert!(matches!(e, Error::Busy { .. }), "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("1 sessions from this client's address")
+            && text.contains("retry later")
+            && text.contains("--max-sessions-per-address"),
+        "{text}"
+    );
+    let mut buf = [0u8; 64];
+    let closed = tokio::time::timeout(Duration::from_secs(10), idle.read(&mut buf)).await;
+    assert!(
+        matches!(closed, Ok(Ok(_)) | Ok(Err(_))),
+        "idle session dropped"
+    );
+    let r = push().await.expect("the slot is free again");
+    assert!(r.verified);
+}
+
+/// Fifty clients at once, two channels each, all served by one server process at
+/// `ulimit -n 1024`; its peak memory is reported and stays small.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_clients_at_once_are_all_served_in_bounded_memory() {
+    const CLIENTS: usize = 50;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let (server, port) = limited_server(&root);
+    let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+    let mut copies = tokio::task::JoinSet::new();
+    for i in 0..CLIENTS {
+        let f = dir.path().join(format!("c{i}"));
+        random_file(&f, 4 << 20, i as u64);
+        copies.spawn(async move {
+            let dest = format!("c{i}");
+            let r = client(addr, 2).push(&[f], false, &dest, &live(2)).await;
+            (i, r)
+        });
+    }
+    while let Some(done) = copies.join_next().await {
+        let (i, r) = done.unwrap();
+        let r = r.unwrap_or_else(|e| panic!("client {i}: {e}"));
+        assert!(r.verified);
+        let name = format!("c{i}");
+        assert_eq!(sha256(&dir.path().join(&name)), sha256(&root.join(&name)));
+    }
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.0.id())).unwrap();
+    let peak_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    eprintln!(
+        "server peak RSS with {CLIENTS} clients: {} MiB",
+        peak_kib >> 10
+    );
+    // Each session holds at most a block in flight per channel, read and being written.
+    // 36 MiB measured here. A 4 MiB block buffer kept by every channel of every session at
+    // once would be 400 MiB.
+    assert!(peak_kib >> 10 <= 128, "{} MiB", peak_kib >> 10);
+}
