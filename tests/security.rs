@@ -356,10 +356,12 @@ async fn hostile_values_in_a_request_or_manifest_end_only_their_session() {
         match answer(&mut s.ctrl).await {
             Message::Plan { files } if !pushing => assert_eq!(files.len(), 1),
             Message::Abort { message } if pushing => {
+                assert!(message.contains("creating huge"), "{message}");
+                let root = root.path().to_str().unwrap();
                 assert!(
-                    message.contains("creating ") && message.contains("huge"),
-                    "{message}"
-                )
+                    !message.contains(root),
+                    "the server's root stays hidden: {message}"
+                );
             }
             other => panic!("push {pushing}: {other:?}"),
         }
@@ -402,4 +404,139 @@ async fn hostile_values_in_a_request_or_manifest_end_only_their_session() {
     }
     assert!(!root.path().join("many").exists());
     push_ok(addr, Auth::NoAuth, &src.path().join("f"), "fine").await;
+}
+
+/// A server that answers any pull with a manifest of `entries` (a compromised or hostile
+/// server); returns its address.
+async fn hostile_server(entries: Vec<hsxfer::channels::manifest::Entry>) -> std::net::SocketAddr {
+    use hsxfer::channels::auth::{self, TokenKey};
+    use hsxfer::channels::control::{self, Message};
+    use hsxfer::session::handshake;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut ctrl, _) = l.accept().await.unwrap();
+        let (sh, hello) = handshake::server_accept(&mut ctrl).await.unwrap();
+        let token = TokenKey::from_token(b"");
+        let (welcome, key) = auth::accept_control(&token, &sh, &hello, [1; 16]).unwrap();
+        ctrl.write_all(&welcome.encode()).await.unwrap();
+        let channels = loop {
+            match answer(&mut ctrl).await {
+                Message::Ping { seq } => {
+                    let pong = control::encode(&Message::Pong { seq });
+                    ctrl.write_all(&pong).await.unwrap();
+                }
+                Message::Request(r) => break r.channels,
+                other => panic!("{other:?}"),
+            }
+        };
+        let accepted = Message::Accepted {
+            channels,
+            notes: vec![],
+        };
+        ctrl.write_all(&control::encode(&accepted)).await.unwrap();
+        let mut joined = Vec::new();
+        for _ in 0..channels {
+            let (mut d, _) = l.accept().await.unwrap();
+            let (sh, hello) = handshake::server_accept(&mut d).await.unwrap();
+            assert!(auth::verify_join(&key, &sh, &hello));
+            handshake::admit(&mut d).await.unwrap();
+            joined.push(d);
+        }
+        let manifest = Message::Manifest {
+            entries,
+            last: true,
+        };
+        ctrl.write_all(&control::encode(&manifest)).await.unwrap();
+        let mut rest = Vec::new();
+        let _ = ctrl.read_to_end(&mut rest).await;
+    });
+    addr
+}
+
+/// A pulling client writes only what it asked for, only inside its destination: a server
+/// that answers a pull of `data` with `../escape` or `.ssh/authorized_keys` is refused and
+/// nothing lands outside `data`.
+#[tokio::test]
+async fn a_pulling_client_refuses_names_it_did_not_ask_for() {
+    use hsxfer::channels::manifest::{Entry, EntryKind};
+    let home = tempfile::tempdir().unwrap();
+    let dest = home.path().join("dest");
+    fs::create_dir(&dest).unwrap();
+    let entry = |id, path: &str, kind| Entry {
+        id,
+        path: path.into(),
+        mode: 0o600,
+        mtime_ns: 0,
+        kind,
+    };
+    let file = EntryKind::File { size: 4 };
+    for (entries, needle) in [
+        (vec![entry(0, "../escape", file)], "'..' may not leave"),
+        (
+            vec![
+                entry(0, ".ssh", EntryKind::Dir),
+                entry(1, ".ssh/authorized_keys", file),
+            ],
+            "sent '.ssh', which is not under what was asked for",
+        ),
+        (
+            vec![entry(0, "data/../../escape", file)],
+            "'..' may not leave",
+        ),
+    ] {
+        let addr = hostile_server(entries).await;
+        let (c, sources, counters) = (client(addr, 1), ["data".to_string()], live(1));
+        let pull = c.pull(&sources, true, dest.to_str().unwrap(), &counters);
+        // A client that accepts the entries waits for their data, which never comes.
+        let e = tokio::time::timeout(Duration::from_secs(20), pull)
+            .await
+            .expect("refused at once, not left waiting for data")
+            .expect_err(needle);
+        assert!(e.to_string().contains(needle), "{e}");
+    }
+    let left: Vec<_> = fs::read_dir(home.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["dest"], "nothing written beside the destination");
+    assert_eq!(fs::read_dir(&dest).unwrap().count(), 0, "nor inside it");
+}
+
+/// Two pushes to one destination at once: the file ends up as one of the two sources,
+/// never a mix, and a push that was refused says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pushes_to_one_destination_never_mix_their_bytes() {
+    let root = tempfile::tempdir().unwrap();
+    let src = tempfile::tempdir().unwrap();
+    let (a, b) = (src.path().join("a"), src.path().join("b"));
+    random_file(&a, 64 << 20, 1);
+    random_file(&b, 64 << 20, 2);
+    let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
+    let (ca, cb) = (client(addr, 4), client(addr, 4));
+    let (la, lb) = (live(4), live(4));
+    let (pa, pb) = (
+        ca.push(std::slice::from_ref(&a), false, "same", &la),
+        cb.push(std::slice::from_ref(&b), false, "same", &lb),
+    );
+    let (ra, rb) = tokio::join!(pa, pb);
+    let got = sha256(&root.path().join("same"));
+    let winners: Vec<_> = [(&ra, &a), (&rb, &b)]
+        .into_iter()
+        .filter(|(r, _)| r.is_ok())
+        .map(|(_, s)| sha256(s))
+        .collect();
+    assert!(!winners.is_empty(), "{ra:?} {rb:?}");
+    eprintln!("pushes that got through: {} of 2", winners.len());
+    assert!(
+        winners.contains(&got),
+        "the file is one of the sources pushed"
+    );
+    for r in [&ra, &rb] {
+        if let Err(e) = r {
+            let e = e.to_string();
+            assert!(e.contains("being received by another transfer"), "{e}");
+            assert!(!e.contains(root.path().to_str().unwrap()), "{e}");
+        }
+    }
 }

@@ -11,6 +11,7 @@ use std::io;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
+use super::partial::is_reserved_name;
 use super::root::{RootError, Scope};
 use crate::channels::manifest::check_relative;
 
@@ -29,6 +30,12 @@ pub enum DestError {
     /// A directory would replace a file, or a file a directory.
     #[error("cannot overwrite '{0}' with an entry of another kind")]
     KindClash(String),
+    /// A pulled entry outside what the pull asked for.
+    #[error("the server sent '{0}', which is not under what was asked for: refusing it (the server may be compromised)")]
+    Unrequested(String),
+    /// A name hsxfer uses for its own temporary files.
+    #[error("'{0}' is refused: names ending in .hsxfer-part or .hsxfer-journal are hsxfer's temporary files")]
+    Reserved(String),
     /// A device or FIFO target takes exactly one file.
     #[error("'{0}' is a device or FIFO: it takes exactly one file")]
     StreamNeedsOneFile(String),
@@ -71,6 +78,26 @@ pub struct Destination {
     scope: Scope,
     /// How paths map.
     pub layout: Layout,
+    /// The top-level names a pulling client asked for, when it did.
+    requested: Option<Requested>,
+}
+
+/// What a pull asked for: a server may send entries under these top-level names only, so a
+/// hostile one cannot write `.ssh/authorized_keys` into a pull of `data` into the home
+/// directory (the scp CVE-2019-6111 class).
+#[derive(Debug, Clone)]
+struct Requested {
+    /// Last component of each requested source.
+    names: Vec<String>,
+    /// A source names the server's root, whose name only the server knows: any top-level
+    /// name that is not hidden is allowed for it.
+    root: bool,
+}
+
+impl Requested {
+    fn allows(&self, name: &str) -> bool {
+        self.names.iter().any(|n| n == name) || (self.root && !name.starts_with('.'))
+    }
 }
 
 impl Destination {
@@ -95,7 +122,27 @@ impl Destination {
             }
             Err(e) => return Err(io_err(&p)(e)),
         };
-        Ok(Destination { scope, layout })
+        Ok(Destination {
+            scope,
+            layout,
+            requested: None,
+        })
+    }
+
+    /// Accepts only entries under the top-level names that pulling `sources` can produce.
+    pub fn only_requested(mut self, sources: &[String]) -> Self {
+        let mut r = Requested {
+            names: Vec::new(),
+            root: false,
+        };
+        for s in sources {
+            match check_relative(s).ok().and_then(|c| c.last().copied()) {
+                Some(name) => r.names.push(name.to_string()),
+                None => r.root = true,
+            }
+        }
+        self.requested = Some(r);
+        self
     }
 
     /// The filesystem path for a manifest entry, checked against confinement.
@@ -104,6 +151,14 @@ impl Destination {
         let Some((_, rest)) = comps.split_first() else {
             return Err(RootError::from(crate::channels::manifest::PathError::Empty).into());
         };
+        if comps.iter().any(|c| is_reserved_name(c)) {
+            return Err(DestError::Reserved(entry_path.into()));
+        }
+        if let (Some(r), Layout::Into(_)) = (&self.requested, &self.layout) {
+            if !r.allows(comps[0]) {
+                return Err(DestError::Unrequested(entry_path.into()));
+            }
+        }
         let mut p = match &self.layout {
             Layout::Into(d) => d.join(comps[0]),
             Layout::Rename { parent, name } => parent.join(name),
@@ -178,6 +233,18 @@ mod tests {
             Err(DestError::NoParent(_))
         ));
         assert!(into.target("../x").is_err());
+        assert!(matches!(
+            into.target("src/.a.hsxfer-part"),
+            Err(DestError::Reserved(_))
+        ));
+        let pulled = into.clone().only_requested(&["x/src/".into(), "y".into()]);
+        assert!(pulled.target("src/a").is_ok() && pulled.target("y").is_ok());
+        assert!(matches!(
+            pulled.target(".ssh/authorized_keys"),
+            Err(DestError::Unrequested(_))
+        ));
+        let root = into.clone().only_requested(&[".".into()]);
+        assert!(root.target("srv/a").is_ok() && root.target(".ssh/x").is_err());
         let null = Destination::resolve(Scope::Local, "/dev/null", 1).unwrap();
         assert!(matches!(null.layout, Layout::Stream(_)));
         assert!(Destination::resolve(Scope::Local, "/dev/null", 2).is_err());

@@ -4,12 +4,17 @@
 //!
 //! Durability order: the data file is `fdatasync`ed before the journal records for its blocks
 //! are written, at most every [`SYNC_EVERY_BYTES`] or [`SYNC_EVERY`], so a journal never names
-//! a block whose bytes could be lost. Single-block files keep no journal: resending them is
-//! cheaper than journaling them.
+//! a block whose bytes could be lost; on resume each journaled block is read and hashed again
+//! before it is trusted. Single-block files keep no journal: resending them is cheaper than
+//! journaling them. A commit runs the steps of [`COMMIT_ORDER`].
+//!
+//! The part file is locked (`flock`) while a transfer writes it, so two transfers to one
+//! destination cannot write, or commit, each other's bytes: the second is refused.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions, Permissions};
 use std::io::{self, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,6 +22,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::{ns_to_system_time, system_time_to_ns};
+use crate::channels::frame::{BlockCheck, DigestKey};
 use crate::channels::journal::{self, JournalHeader};
 use crate::channels::{blocks, Digest};
 
@@ -30,6 +36,46 @@ pub const SYNC_EVERY: Duration = Duration::from_secs(1);
 /// a small queue on the same host; pieces of 256 KiB leave a point between them where they
 /// run.
 pub const WRITE_PIECE: usize = 256 << 10;
+
+/// Suffix of a file being received (`.NAME.hsxfer-part`).
+pub const PART_SUFFIX: &str = "hsxfer-part";
+/// Suffix of its restart journal (`.NAME.hsxfer-journal`).
+pub const JOURNAL_SUFFIX: &str = "hsxfer-journal";
+
+/// True for a name hsxfer uses for its own temporary files: such names are refused in
+/// source trees and manifests, so a transfer never sends or overwrites another's state.
+pub fn is_reserved_name(name: &str) -> bool {
+    [PART_SUFFIX, JOURNAL_SUFFIX]
+        .iter()
+        .any(|s| name.strip_suffix(s).is_some_and(|n| n.ends_with('.')))
+}
+
+/// One step of committing a verified file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommitStep {
+    /// Mode (masked, see [`super::masked_mode`]) and mtime of the part file.
+    SetAttributes,
+    /// `fsync` of the part file: its bytes and attributes are durable.
+    SyncFile,
+    /// `rename` of the part file to the final name.
+    Rename,
+    /// `fsync` of the directory: the new name is durable.
+    SyncDir,
+    /// Removal of the restart journal.
+    RemoveJournal,
+}
+
+/// The order of a commit: the bytes are durable before the file takes its final name, and
+/// the name before the file is reported done, so a crash never leaves a wrong or partial file
+/// under its final name (a later size and mtime check would skip it); the journal goes last,
+/// so until then a crash leaves a resumable file.
+pub const COMMIT_ORDER: [CommitStep; 5] = [
+    CommitStep::SetAttributes,
+    CommitStep::SyncFile,
+    CommitStep::Rename,
+    CommitStep::SyncDir,
+    CommitStep::RemoveJournal,
+];
 
 /// What to do with an announced file.
 pub enum Prepared {
@@ -82,8 +128,15 @@ fn sibling(target: &Path, suffix: &str) -> PathBuf {
     target.with_file_name(format!(".{name}.{suffix}"))
 }
 
-/// Decides whether `target` needs this file and opens (or resumes) its partial file.
-pub fn prepare(target: &Path, meta: FileMeta, block_size: u32) -> io::Result<Prepared> {
+/// Decides whether `target` needs this file and opens (or resumes) its partial file. Blocks
+/// a journal lists are trusted only if their bytes still hash to the journaled digest under
+/// `key`.
+pub fn prepare(
+    target: &Path,
+    meta: FileMeta,
+    block_size: u32,
+    key: &DigestKey,
+) -> io::Result<Prepared> {
     match fs::symlink_metadata(target) {
         Ok(m) if m.is_dir() => {
             return Err(io::Error::new(
@@ -100,14 +153,23 @@ pub fn prepare(target: &Path, meta: FileMeta, block_size: u32) -> io::Result<Pre
         }
         _ => {}
     }
-    let part = sibling(target, "hsxfer-part");
+    let part = sibling(target, PART_SUFFIX);
+    let file = OpenOptions::new()
+        .write(true)
+        .read(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&part)?;
+    lock(&file, target)?;
     let journaled = blocks::count(meta.size, block_size) >= 2;
     let header = JournalHeader {
         block_size,
         size: meta.size,
         mtime_ns: meta.mtime_ns,
     };
-    let jpath = journaled.then(|| sibling(target, "hsxfer-journal"));
+    let jpath = journaled.then(|| sibling(target, JOURNAL_SUFFIX));
     let mut have = Vec::new();
     let mut intact_len = 0;
     if let Some(jp) = &jpath {
@@ -120,19 +182,15 @@ pub fn prepare(target: &Path, meta: FileMeta, block_size: u32) -> io::Result<Pre
                     let n = blocks::count(meta.size, block_size);
                     let latest: BTreeMap<u64, Digest> =
                         recs.into_iter().filter(|r| r.0 < n).collect();
-                    have = latest.into_iter().collect();
+                    have = still_intact(&file, meta.size, block_size, key, latest)?;
                 }
             }
         }
     }
     let resuming = !have.is_empty();
-    let file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(!resuming)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&part)?;
+    if !resuming {
+        file.set_len(0)?;
+    }
     file.set_len(meta.size)?;
     let journal = match &jpath {
         Some(jp) => {
@@ -173,6 +231,50 @@ pub fn prepare(target: &Path, meta: FileMeta, block_size: u32) -> io::Result<Pre
     })
 }
 
+/// Takes the part file's lock, or says which transfer holds it.
+fn lock(file: &File, target: &Path) -> io::Result<()> {
+    // SAFETY: flock on a descriptor this function borrows for the call.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if e.kind() != io::ErrorKind::WouldBlock {
+        return Err(e);
+    }
+    Err(io::Error::new(
+        io::ErrorKind::ResourceBusy,
+        format!(
+            "{} is being received by another transfer right now: wait for it to end, or \
+             copy to another name",
+            target.display()
+        ),
+    ))
+}
+
+/// The journaled blocks whose bytes in `file` still hash to their recorded digest: a crash
+/// (or another writer before the lock) may have left a journal naming bytes that are not
+/// what it says.
+fn still_intact(
+    file: &File,
+    size: u64,
+    block_size: u32,
+    key: &DigestKey,
+    journaled: BTreeMap<u64, Digest>,
+) -> io::Result<Vec<(u64, Digest)>> {
+    let mut buf = Vec::new();
+    let mut intact = Vec::with_capacity(journaled.len());
+    for (block, digest) in journaled {
+        let (offset, len) = blocks::span(size, block_size, block);
+        buf.resize(len as usize, 0);
+        file.read_exact_at(&mut buf, offset)?;
+        if BlockCheck::of(key, &buf) == digest {
+            intact.push((block, digest));
+        }
+    }
+    Ok(intact)
+}
+
 impl PartialFile {
     /// Writes a block's bytes at `offset`, in [`WRITE_PIECE`] pieces.
     pub fn write_block(&self, offset: u64, data: &[u8]) -> io::Result<()> {
@@ -202,22 +304,41 @@ impl PartialFile {
         Ok(())
     }
 
-    /// Makes the file durable (if journaled), applies mode and mtime, renames it to its final
-    /// name and removes the journal.
+    /// Commits the verified file under its final name, step by step in [`COMMIT_ORDER`].
     pub fn commit(&self) -> io::Result<()> {
-        if self.journal.is_some() {
-            self.file.sync_data()?;
+        COMMIT_ORDER.iter().try_for_each(|&step| self.run(step))
+    }
+
+    fn run(&self, step: CommitStep) -> io::Result<()> {
+        match step {
+            CommitStep::SetAttributes => {
+                let mode = super::masked_mode(self.meta.mode);
+                self.file.set_permissions(Permissions::from_mode(mode))?;
+                self.file
+                    .set_modified(ns_to_system_time(self.meta.mtime_ns))
+            }
+            CommitStep::SyncFile => self.file.sync_all(),
+            CommitStep::Rename => {
+                fs::rename(&self.part, &self.target)?;
+                self.committed.store(true, Ordering::SeqCst);
+                Ok(())
+            }
+            CommitStep::SyncDir => {
+                let dir = self.target.parent().unwrap_or(Path::new("."));
+                let dir = if dir.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    dir
+                };
+                File::open(dir)?.sync_all()
+            }
+            CommitStep::RemoveJournal => {
+                if let Some(jp) = &self.journal_path {
+                    let _ = fs::remove_file(jp);
+                }
+                Ok(())
+            }
         }
-        self.file
-            .set_permissions(Permissions::from_mode(self.meta.mode))?;
-        self.file
-            .set_modified(ns_to_system_time(self.meta.mtime_ns))?;
-        fs::rename(&self.part, &self.target)?;
-        self.committed.store(true, Ordering::SeqCst);
-        if let Some(jp) = &self.journal_path {
-            let _ = fs::remove_file(jp);
-        }
-        Ok(())
     }
 
     /// The final path.
@@ -302,22 +423,28 @@ mod tests {
         }
     }
 
+    const KEY: DigestKey = [7; 32];
+
+    fn digest(bytes: &[u8]) -> Digest {
+        BlockCheck::of(&KEY, bytes)
+    }
+
     #[test]
     fn commit_resume_and_skip() {
         let t = tempfile::tempdir().unwrap();
         let target = t.path().join("f");
-        let Prepared::Write { file, have } = prepare(&target, meta(10), 4).unwrap() else {
+        let Prepared::Write { file, have } = prepare(&target, meta(10), 4, &KEY).unwrap() else {
             panic!("fresh file must be written")
         };
         assert!(have.is_empty());
         file.write_block(0, b"abcd").unwrap();
-        file.record(0, &Digest([1; 32])).unwrap();
+        file.record(0, &digest(b"abcd")).unwrap();
         drop(file); // interrupted: the journal keeps block 0
         assert!(!target.exists());
-        let Prepared::Write { file, have } = prepare(&target, meta(10), 4).unwrap() else {
+        let Prepared::Write { file, have } = prepare(&target, meta(10), 4, &KEY).unwrap() else {
             panic!()
         };
-        assert_eq!(have, vec![(0, Digest([1; 32]))]);
+        assert_eq!(have, vec![(0, digest(b"abcd"))]);
         file.write_block(4, b"efgh").unwrap();
         file.write_block(8, b"ij").unwrap();
         file.commit().unwrap();
@@ -325,16 +452,73 @@ mod tests {
         let m = fs::metadata(&target).unwrap();
         assert_eq!(m.permissions().mode() & 0o7777, 0o640);
         assert_eq!(system_time_to_ns(m.modified().unwrap()), meta(10).mtime_ns);
-        assert!(!sibling(&target, "hsxfer-journal").exists());
+        assert!(!sibling(&target, JOURNAL_SUFFIX).exists());
         assert!(matches!(
-            prepare(&target, meta(10), 4).unwrap(),
+            prepare(&target, meta(10), 4, &KEY).unwrap(),
             Prepared::Skip
         ));
         // A different source version (size) is written anew.
         assert!(matches!(
-            prepare(&target, meta(11), 4).unwrap(),
+            prepare(&target, meta(11), 4, &KEY).unwrap(),
             Prepared::Write { .. }
         ));
+    }
+
+    /// A journal is a claim about bytes on disk: a block whose bytes no longer hash to the
+    /// journaled digest is sent again, not trusted.
+    #[test]
+    fn a_journaled_block_whose_bytes_changed_is_not_trusted() {
+        let t = tempfile::tempdir().unwrap();
+        let target = t.path().join("f");
+        let Prepared::Write { file, .. } = prepare(&target, meta(10), 4, &KEY).unwrap() else {
+            panic!()
+        };
+        for (i, b) in [&b"abcd"[..], b"efgh"].iter().enumerate() {
+            file.write_block(4 * i as u64, b).unwrap();
+            file.record(i as u64, &digest(b)).unwrap();
+        }
+        drop(file);
+        let part = sibling(&target, PART_SUFFIX);
+        let f = OpenOptions::new().write(true).open(&part).unwrap();
+        f.write_all_at(b"X", 5).unwrap();
+        let Prepared::Write { have, .. } = prepare(&target, meta(10), 4, &KEY).unwrap() else {
+            panic!()
+        };
+        assert_eq!(have, vec![(0, digest(b"abcd"))]);
+    }
+
+    /// Two transfers to one destination: the second is refused while the first writes, so
+    /// neither writes into, or commits, the other's part file.
+    #[test]
+    fn a_second_writer_of_one_destination_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let target = t.path().join("f");
+        let first = prepare(&target, meta(10), 4, &KEY).unwrap();
+        let e = prepare(&target, meta(10), 4, &KEY).err().expect("refused");
+        assert_eq!(e.kind(), io::ErrorKind::ResourceBusy);
+        assert!(e.to_string().contains("another transfer"), "{e}");
+        drop(first);
+        assert!(prepare(&target, meta(10), 4, &KEY).is_ok(), "free again");
+    }
+
+    /// The order a crash-safe commit needs, checked without touching a disk: the file's bytes
+    /// are synced before the rename, the rename is synced (directory) before the file is done,
+    /// and the journal outlives both.
+    #[test]
+    fn a_commit_syncs_the_file_then_renames_then_syncs_the_directory() {
+        let at = |s| COMMIT_ORDER.iter().position(|&x| x == s).unwrap();
+        assert!(at(CommitStep::SetAttributes) < at(CommitStep::SyncFile));
+        assert!(at(CommitStep::SyncFile) < at(CommitStep::Rename));
+        assert!(at(CommitStep::Rename) < at(CommitStep::SyncDir));
+        assert_eq!(COMMIT_ORDER.last(), Some(&CommitStep::RemoveJournal));
+    }
+
+    #[test]
+    fn temporary_names_are_reserved() {
+        assert!(is_reserved_name(".f.hsxfer-part"));
+        assert!(is_reserved_name("x.hsxfer-journal"));
+        assert!(!is_reserved_name("hsxfer-part"));
+        assert!(!is_reserved_name("f.hsxfer-parts"));
     }
 
     #[test]

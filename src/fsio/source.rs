@@ -6,6 +6,7 @@ use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
+use super::partial::is_reserved_name;
 use crate::channels::manifest::{Entry, EntryKind};
 
 /// Why a source could not be listed.
@@ -20,6 +21,9 @@ pub enum SourceError {
     /// Neither a regular file nor a directory.
     #[error("{0} is not a regular file or directory")]
     Special(String),
+    /// A name hsxfer uses for its own temporary files.
+    #[error("{0}: names ending in .hsxfer-part or .hsxfer-journal are hsxfer's temporary files (left by an interrupted transfer?): remove or rename it")]
+    Reserved(String),
     /// A name that is not UTF-8 (not supported by this protocol version).
     #[error("{0}: file names must be UTF-8")]
     NotUtf8(String),
@@ -65,6 +69,9 @@ impl SourceTree {
         for src in sources {
             let meta = fs::metadata(src).map_err(io_err(src))?;
             let name = top_level_name(src)?;
+            if is_reserved_name(&name) {
+                return Err(SourceError::Reserved(src.display().to_string()));
+            }
             if meta.is_dir() && !recursive {
                 return Err(SourceError::IsDirectory(src.display().to_string()));
             }
@@ -101,6 +108,9 @@ impl SourceTree {
                 let Some(cname) = c.file_name().to_str().map(str::to_owned) else {
                     return Err(SourceError::NotUtf8(cpath.display().to_string()));
                 };
+                if is_reserved_name(&cname) {
+                    return Err(SourceError::Reserved(cpath.display().to_string()));
+                }
                 if cmeta.is_dir() || cmeta.is_file() {
                     self.add(&cpath, format!("{rel}/{cname}"), &cmeta)?;
                 } else {

@@ -242,7 +242,8 @@ impl Client {
         dest: &str,
         live: &Arc<LiveStats>,
     ) -> Result<TransferReport> {
-        let dest = Destination::resolve(Scope::Local, dest, sources.len() as u32)?;
+        let dest =
+            Destination::resolve(Scope::Local, dest, sources.len() as u32)?.only_requested(sources);
         let op = Operation::Pull {
             sources: sources.to_vec(),
             recursive,

@@ -250,9 +250,8 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         dirs: &mut Vec<(PathBuf, Entry)>,
         out: &mut SideOutcome,
     ) -> Result<Vec<FilePlan>> {
-        let sink = self.sink.clone();
-        let bs = self.block_size;
-        let prepared = tokio::task::spawn_blocking(move || prepare_chunk(&sink, entries, bs))
+        let (sink, bs, key) = (self.sink.clone(), self.block_size, self.digest_key);
+        let prepared = tokio::task::spawn_blocking(move || prepare_chunk(&sink, entries, bs, &key))
             .await
             .map_err(|e| Error::Malformed(format!("planning failed: {e}")))??;
         let mut plans = Vec::new();
@@ -309,7 +308,12 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
 type PreparedEntry = (Entry, PathBuf, Option<Prepared>);
 
 /// Filesystem work for one manifest chunk: `None` means "stream or discard, nothing to open".
-fn prepare_chunk(sink: &Sink, entries: Vec<Entry>, bs: u32) -> Result<Vec<PreparedEntry>> {
+fn prepare_chunk(
+    sink: &Sink,
+    entries: Vec<Entry>,
+    bs: u32,
+    key: &DigestKey,
+) -> Result<Vec<PreparedEntry>> {
     let mut out = Vec::with_capacity(entries.len());
     for e in entries {
         let (target, prep) = match sink {
@@ -330,7 +334,7 @@ fn prepare_chunk(sink: &Sink, entries: Vec<Entry>, bs: u32) -> Result<Vec<Prepar
                             mode: e.mode,
                             mtime_ns: e.mtime_ns,
                         };
-                        let p = prepare(&target, meta, bs)
+                        let p = prepare(&target, meta, bs, key)
                             .map_err(Error::io(format!("creating {}", target.display())))?;
                         (target, Some(p))
                     }
@@ -349,7 +353,8 @@ async fn finish_dirs(mut dirs: Vec<(PathBuf, Entry)>) -> Result<()> {
         for (p, e) in dirs {
             use std::os::unix::fs::PermissionsExt;
             let ctx = || format!("setting attributes of {}", p.display());
-            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(e.mode))
+            let mode = crate::fsio::masked_mode(e.mode);
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode))
                 .map_err(Error::io(ctx()))?;
             let f = std::fs::File::open(&p).map_err(Error::io(ctx()))?;
             f.set_modified(ns_to_system_time(e.mtime_ns))

@@ -245,7 +245,8 @@ async fn control(
     key: SessionKey,
 ) -> Result<()> {
     let (r, w) = ctrl.into_split();
-    let (mut r, mut w) = (ControlReader::new(r), ControlWriter::new(w));
+    let mut r = ControlReader::new(r);
+    let mut w = ControlWriter::new(w).hiding(state.scope.clone());
     // Pings and facts come first; the request must follow soon, or the session slot is held
     // by a peer that does nothing.
     let asked_by = Instant::now() + state.admission.limits().request_timeout;
@@ -276,10 +277,8 @@ async fn control(
     let (role, plan, tuner) = match prepared {
         Ok(p) => p,
         Err(e) => {
-            // Tell the client what was wrong in its own terms: paths relative to the root,
-            // never where the root is on the server. The client says "server refused".
-            w.abort(&Error::Usage(state.scope.hide_root(&e.to_string())))
-                .await;
+            // The client says "server refused".
+            w.abort(&Error::Usage(e.to_string())).await;
             return Err(e);
         }
     };

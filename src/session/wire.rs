@@ -10,6 +10,7 @@ use crate::channels::control::{self, Message};
 use crate::channels::frame::{BlockCheck, BlockHeader, DigestKey, HEADER_LEN, PIECE, TRAILER_LEN};
 use crate::channels::Digest;
 use crate::error::{Error, Result};
+use crate::fsio::root::Scope;
 
 /// How long an end that aborted a session before any data moved waits for the peer to close
 /// the control connection.
@@ -79,12 +80,21 @@ impl<R: AsyncRead + Unpin> ControlReader<R> {
 /// Writes control messages to a stream.
 pub struct ControlWriter<W> {
     inner: W,
+    /// A server's root, hidden from the abort messages it sends.
+    hide: Option<Scope>,
 }
 
 impl<W: AsyncWrite + Unpin> ControlWriter<W> {
     /// Wraps a write half.
     pub fn new(inner: W) -> Self {
-        ControlWriter { inner }
+        ControlWriter { inner, hide: None }
+    }
+
+    /// Names paths in abort messages relative to `scope`'s root: a server tells a client
+    /// what went wrong, never where its root is.
+    pub fn hiding(mut self, scope: Scope) -> Self {
+        self.hide = Some(scope);
+        self
     }
 
     /// Sends one message.
@@ -97,9 +107,12 @@ impl<W: AsyncWrite + Unpin> ControlWriter<W> {
 
     /// Sends an abort notice, ignoring failures (the peer may already be gone).
     pub async fn abort(&mut self, err: &Error) {
-        let m = Message::Abort {
-            message: err.to_string(),
+        let message = err.to_string();
+        let message = match &self.hide {
+            Some(scope) => scope.hide_root(&message),
+            None => message,
         };
+        let m = Message::Abort { message };
         let _ = self.send(&m).await;
     }
 }
