@@ -19,7 +19,7 @@ cleanup() {
 }
 trap cleanup EXIT
 mkdir -p "$WORK/src/dataset/tree" "$WORK/root" "$WORK/back"
-head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$WORK/token"
+"$BIN" token new "$WORK/token"
 echo "== generating a dataset: 1 GiB file + 2,000 small files"
 head -c 1G /dev/urandom > "$WORK/src/dataset/big.bin"
 for d in $(seq -w 0 19); do

@@ -263,6 +263,47 @@ fn fails_with(args: &[&str], needle: &str) {
     assert!(!err.contains("panicked"), "{err}");
 }
 
+/// `token new` writes a strong private token; a token others may read, one too short to
+/// resist guessing, and one inside the served root are refused with the fix.
+#[test]
+fn tokens_are_strong_private_and_kept_outside_the_served_root() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    let t = token.to_str().unwrap();
+    let out = hsxfer(&["token", "new", t]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        fs::metadata(&token).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    assert_eq!(fs::read_to_string(&token).unwrap().trim().len(), 64);
+    fails_with(&["token", "new", t], "creating token file");
+    let root = dir.path().join("root");
+    fs::create_dir(&root).unwrap();
+    let inside = root.join("token");
+    fs::copy(&token, &inside).unwrap();
+    let r = root.to_str().unwrap();
+    fails_with(
+        &[
+            "serve",
+            "--root",
+            r,
+            "--token-file",
+            inside.to_str().unwrap(),
+        ],
+        "lies inside the served root",
+    );
+    fs::set_permissions(&token, fs::Permissions::from_mode(0o644)).unwrap();
+    fails_with(&["serve", "--root", r, "--token-file", t], "chmod 600");
+    fs::write(&token, "s3cret\n").unwrap();
+    fs::set_permissions(&token, fs::Permissions::from_mode(0o600)).unwrap();
+    fails_with(
+        &["serve", "--root", r, "--token-file", t],
+        "hsxfer token new",
+    );
+}
+
 #[test]
 fn bad_input_gets_a_clear_one_line_error() {
     let dir = tempfile::tempdir().unwrap();

@@ -29,7 +29,7 @@ struct Path {
 fn path(rate_mbit: u32, queue: u32) -> Path {
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
-    std::fs::write(&token, "netpath-test-token").unwrap();
+    hsxfer::session::token::new(&token).unwrap();
     let root = dir.path().join("root");
     std::fs::create_dir(&root).unwrap();
     let net = Dumbbell::up(rate_mbit, queue);

@@ -56,6 +56,25 @@ enum Command {
     /// Congestion controls: list them, register hsxfer's bundled BPF ones (dmctcp, highspeed,
     /// scalable, htcp, bic), unregister them.
     Cc(cc::CcArgs),
+    /// Token files: `token new FILE` writes a new random token, readable by you only.
+    Token(TokenArgs),
+}
+
+#[derive(Args)]
+struct TokenArgs {
+    #[command(subcommand)]
+    command: TokenCommand,
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Write a new 256-bit random token to FILE (mode 600; an existing FILE is kept). Copy
+    /// it to the server's and the clients' hosts and give it to --token-file on both.
+    New {
+        /// Where to write it.
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
 }
 
 #[derive(Args)]
@@ -349,7 +368,7 @@ pub fn main() -> ExitCode {
         Command::Serve(_) => Mode::Human,
         Command::Doctor(d) => d.mode(),
         Command::Probe(p) => p.mode(),
-        Command::Lab(_) | Command::Cc(_) => Mode::Human,
+        Command::Lab(_) | Command::Cc(_) | Command::Token(_) => Mode::Human,
     };
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     match rt.block_on(run(cli.command)) {
@@ -384,11 +403,21 @@ async fn run(cmd: Command) -> anyhow::Result<bool> {
         Command::Probe(a) => probe::run(a).await,
         Command::Lab(a) => lab::lab(a),
         Command::Cc(a) => cc::cc(a).await,
+        Command::Token(TokenArgs {
+            command: TokenCommand::New { file },
+        }) => {
+            hsxfer::session::token::new(&file)?;
+            println!("wrote a new token to {} (mode 600)", file.display());
+            Ok(true)
+        }
     }
 }
 
 async fn serve(a: ServeArgs) -> anyhow::Result<bool> {
     let auth = a.auth.auth()?;
+    if let Some(t) = &a.auth.token_file {
+        hsxfer::session::token::check_outside(t, &a.root)?;
+    }
     let ip = a.listen.unwrap_or(if auth == Auth::NoAuth {
         IpAddr::from([127, 0, 0, 1])
     } else {

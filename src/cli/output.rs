@@ -278,7 +278,7 @@ pub fn summary(mode: Mode, r: &TransferReport) {
         if mode == Mode::Json {
             emit(json!({"type": "warning", "message": note}));
         }
-        eprintln!("hsxfer: warning: {note}");
+        eprintln!("hsxfer: warning: {}", printable(note));
     }
     match mode {
         Mode::Json => {
@@ -371,5 +371,30 @@ pub fn error(mode: Mode, e: &anyhow::Error) {
     if mode == Mode::Json {
         emit(json!({"type": "error", "message": format!("{e:#}")}));
     }
-    eprintln!("hsxfer: error: {e:#}");
+    eprintln!("hsxfer: error: {}", printable(&format!("{e:#}")));
+}
+
+/// Text a peer may have chosen (an abort message, a note, a file name), made safe for a
+/// terminal: control characters are shown escaped, so a hostile server cannot move the
+/// cursor, rewrite earlier lines or hide text (the scp CVE-2019-6111 class).
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            c if c.is_control() => c.escape_default().to_string(),
+            c => c.to_string(),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_text_cannot_drive_the_terminal() {
+        assert_eq!(
+            printable("ok\x1b[2K\rdone\n\u{9b}x é"),
+            "ok\\u{1b}[2K\\rdone\\n\\u{9b}x é"
+        );
+    }
 }

@@ -133,9 +133,8 @@ impl Lab {
         }
         fs::create_dir_all(&dir).map_err(LabError::io(format!("creating {}", dir.display())))?;
         let token_file = dir.join("token");
-        let token: [u8; 16] = rand::random();
-        fs::write(&token_file, hex::encode(token))
-            .map_err(LabError::io("writing the lab's token"))?;
+        crate::session::token::new(&token_file)
+            .map_err(|e| LabError::io("writing the lab's token")(std::io::Error::other(e)))?;
         let mut lab = Lab {
             state: LabState {
                 spec: spec.clone(),

@@ -15,6 +15,7 @@ pub mod sender;
 pub mod server;
 pub mod source;
 pub mod telemetry;
+pub mod token;
 pub mod tuning;
 pub mod wire;
 
@@ -30,19 +31,9 @@ pub enum Auth {
 }
 
 impl Auth {
-    /// Reads a token file; refuses an empty one.
+    /// Reads a token file (see [`token::read`] for what it refuses).
     pub fn from_token_file(path: &std::path::Path) -> crate::Result<Self> {
-        let t = std::fs::read(path).map_err(crate::Error::io(format!(
-            "reading token file {}",
-            path.display()
-        )))?;
-        if t.trim_ascii().is_empty() {
-            return Err(crate::Error::Usage(format!(
-                "token file {} is empty",
-                path.display()
-            )));
-        }
-        Ok(Auth::Token(t))
+        token::read(path).map(Auth::Token)
     }
 
     pub(crate) fn key(&self) -> TokenKey {

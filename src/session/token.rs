@@ -1,0 +1,104 @@
+//! Token files: the shared secret a server and its clients hold. A token must be hard to
+//! guess (at least 128 bits) and readable by its owner only; `hsxfer token new` writes one.
+
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
+
+use crate::error::{Error, Result};
+
+/// Shortest token accepted, characters: 128 bits written in hex.
+pub const MIN_TOKEN_CHARS: usize = 32;
+
+/// Random bytes in a new token (256 bits; 64 hex digits in the file).
+const NEW_TOKEN_BYTES: usize = 32;
+
+/// Reads a token file, refusing one that others may read or write, or a token too short to
+/// resist guessing.
+pub fn read(path: &Path) -> Result<Vec<u8>> {
+    let shown = path.display();
+    let meta = fs::metadata(path).map_err(Error::io(format!("reading token file {shown}")))?;
+    let mode = meta.mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(Error::Usage(format!(
+            "token file {shown} is open to other users (mode {mode:03o}): run chmod 600 {shown}"
+        )));
+    }
+    let token = fs::read(path).map_err(Error::io(format!("reading token file {shown}")))?;
+    let len = token.trim_ascii().len();
+    if len < MIN_TOKEN_CHARS {
+        return Err(Error::Usage(format!(
+            "the token in {shown} is {len} characters, too short to resist guessing (at least \
+             {MIN_TOKEN_CHARS}, 128 bits in hex): write a new one with hsxfer token new FILE"
+        )));
+    }
+    Ok(token)
+}
+
+/// Writes a new random token to `path` (which must not exist), readable by its owner only.
+///
+/// # Examples
+///
+/// ```
+/// let dir = tempfile::tempdir().unwrap();
+/// let path = dir.path().join("token");
+/// hsxfer::session::token::new(&path).unwrap();
+/// assert_eq!(hsxfer::session::token::read(&path).unwrap().len(), 65);
+/// assert!(hsxfer::session::token::new(&path).is_err(), "never overwritten");
+/// ```
+pub fn new(path: &Path) -> Result<()> {
+    let token: [u8; NEW_TOKEN_BYTES] = rand::random();
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(Error::io(format!("creating token file {}", path.display())))?;
+    writeln!(f, "{}", hex::encode(token))
+        .map_err(Error::io(format!("writing token file {}", path.display())))
+}
+
+/// Refuses a token file inside the directory a server serves: a client could pull it.
+pub fn check_outside(token: &Path, root: &Path) -> Result<()> {
+    let (Ok(t), Ok(r)) = (token.canonicalize(), root.canonicalize()) else {
+        return Ok(());
+    };
+    if t.starts_with(&r) {
+        return Err(Error::Usage(format!(
+            "token file {} lies inside the served root {}: any client could pull it; keep it \
+             outside",
+            token.display(),
+            root.display()
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn weak_or_exposed_tokens_are_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("t");
+        new(&p).unwrap();
+        assert_eq!(fs::metadata(&p).unwrap().mode() & 0o777, 0o600);
+        assert!(read(&p).is_ok());
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o644)).unwrap();
+        let e = read(&p).unwrap_err().to_string();
+        assert!(e.contains("mode 644") && e.contains("chmod 600"), "{e}");
+        let short = d.path().join("s");
+        fs::write(&short, "s3cret\n").unwrap();
+        fs::set_permissions(&short, fs::Permissions::from_mode(0o600)).unwrap();
+        let e = read(&short).unwrap_err().to_string();
+        assert!(
+            e.contains("is 6 characters") && e.contains("token new"),
+            "{e}"
+        );
+        assert!(check_outside(&p, d.path()).is_err());
+        assert!(check_outside(&p, &d.path().join("..").join("elsewhere")).is_ok());
+    }
+}
