@@ -554,3 +554,82 @@ fn a_2000_file_tree_pushes_and_pulls_at_ulimit_n_1024() {
     );
     assert_eq!(common::snapshot(&src), common::snapshot(&back));
 }
+
+/// The receiving server killed (SIGKILL, as a power cut would stop it) just before each step
+/// of a commit: under the final name there is nothing or the whole verified file, and a rerun
+/// ends with the file byte-identical and no temporary file left beside it.
+#[test]
+fn a_receiver_killed_at_each_commit_step_ends_byte_identical_after_a_rerun() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("f");
+    random_file(&src, 3 << 20, 21);
+    let want = sha256(&src);
+    let s = src.to_str().unwrap();
+    for step in [
+        "set-attributes",
+        "sync-file",
+        "rename",
+        "sync-dir",
+        "remove-journal",
+    ] {
+        let root = dir.path().join(step);
+        fs::create_dir(&root).unwrap();
+        let port = free_port();
+        let p = port.to_string();
+        let mut server = Command::new(BIN)
+            .args(["serve", "--no-auth", "--port", &p, "--debug-crash-at", step])
+            .arg("--root")
+            .arg(&root)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_listening(port);
+        let copy = [
+            "copy",
+            "--no-auth",
+            "--port",
+            &p,
+            "--block-size",
+            "1M",
+            s,
+            "127.0.0.1:f",
+        ];
+        assert!(!hsxfer(&copy).status.success(), "{step}: the server died");
+        let status = server.wait().unwrap();
+        assert_eq!(status.signal(), Some(9), "{step}: killed at the step");
+        let target = root.join("f");
+        if target.exists() {
+            assert_eq!(
+                sha256(&target),
+                want,
+                "{step}: only a whole file takes the name"
+            );
+        }
+        let port = free_port();
+        let p = port.to_string();
+        let _server = serve(&root, port);
+        let copy = [
+            "copy",
+            "--no-auth",
+            "--port",
+            &p,
+            "--block-size",
+            "1M",
+            s,
+            "127.0.0.1:f",
+        ];
+        let out = hsxfer(&copy);
+        assert!(
+            out.status.success(),
+            "{step}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(sha256(&target), want, "{step}");
+        let left: Vec<_> = fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(left, ["f"], "{step}: nothing left beside the file");
+    }
+}

@@ -80,6 +80,10 @@ pub fn check_decoders(data: &[u8]) {
     }
     if let Ok(Some((m, used))) = control::decode(data) {
         assert!(used <= data.len());
+        if let control::Message::Request(r) = &m {
+            // Any bounds outcome, never a panic.
+            let _ = r.check();
+        }
         let again = control::decode(&control::encode(&m)).expect("re-encoded message decodes");
         assert_eq!(again.map(|x| x.0), Some(m));
     }
@@ -90,6 +94,11 @@ pub fn check_decoders(data: &[u8]) {
                 let (t, b) = enc.split_first_chunk::<4>().expect("tag");
                 assert_eq!(auth::Hello::decode(t, b), Some(h));
             }
+        }
+    }
+    if let Some(b) = data.first_chunk::<{ auth::SERVER_HELLO_LEN }>() {
+        if let Some(busy) = busy::Busy::decode(b) {
+            assert_eq!(busy::Busy::decode(&busy.encode()), Some(busy));
         }
     }
     if let Some((hdr, recs)) = journal::parse(data) {

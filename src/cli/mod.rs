@@ -18,6 +18,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use hsxfer::channels::control::Policy;
+use hsxfer::fsio::partial::CommitStep;
 use hsxfer::probe::{Direction as ProfileDirection, Fixed};
 use hsxfer::tuning::bdp::BufferChoice;
 use hsxfer::tuning::desync::{PaceChoice, StaggerChoice};
@@ -109,6 +110,9 @@ struct FaultArgs {
     /// Corrupt the N-th block sent and send the damaged bytes' digest (only the seal catches it).
     #[arg(long, hide = true, value_name = "N")]
     debug_corrupt_past_check: Option<u64>,
+    /// Kill the receiving server (SIGKILL) just before this step of a commit.
+    #[arg(long, hide = true, value_name = "STEP")]
+    debug_crash_at: Option<CommitStep>,
 }
 
 impl FaultArgs {
@@ -116,6 +120,7 @@ impl FaultArgs {
         FaultInjection {
             corrupt_on_wire: self.debug_corrupt_wire,
             corrupt_past_check: self.debug_corrupt_past_check,
+            crash_at: self.debug_crash_at,
         }
     }
 }

@@ -65,6 +65,23 @@ pub enum CommitStep {
     RemoveJournal,
 }
 
+impl std::str::FromStr for CommitStep {
+    type Err = String;
+
+    /// The step's name in `--debug-crash-at`: `set-attributes`, `sync-file`, `rename`,
+    /// `sync-dir` or `remove-journal`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "set-attributes" => CommitStep::SetAttributes,
+            "sync-file" => CommitStep::SyncFile,
+            "rename" => CommitStep::Rename,
+            "sync-dir" => CommitStep::SyncDir,
+            "remove-journal" => CommitStep::RemoveJournal,
+            _ => return Err(format!("unknown commit step '{s}'")),
+        })
+    }
+}
+
 /// The order of a commit: the bytes are durable before the file takes its final name, and
 /// the name before the file is reported done, so a crash never leaves a wrong or partial file
 /// under its final name (a later size and mtime check would skip it); the journal goes last,
@@ -149,7 +166,8 @@ pub fn prepare(
                 && m.len() == meta.size
                 && system_time_to_ns(m.modified()?) == meta.mtime_ns =>
         {
-            return Ok(Prepared::Skip)
+            remove_leftovers(target);
+            return Ok(Prepared::Skip);
         }
         _ => {}
     }
@@ -231,6 +249,23 @@ pub fn prepare(
     })
 }
 
+/// Removes what a commit interrupted after its rename left beside a complete target (the
+/// journal), unless another transfer is writing there now.
+fn remove_leftovers(target: &Path) {
+    let part = sibling(target, PART_SUFFIX);
+    if let Ok(f) = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&part)
+    {
+        if lock(&f, target).is_err() {
+            return;
+        }
+        let _ = fs::remove_file(&part);
+    }
+    let _ = fs::remove_file(sibling(target, JOURNAL_SUFFIX));
+}
+
 /// Takes the part file's lock, or says which transfer holds it.
 fn lock(file: &File, target: &Path) -> io::Result<()> {
     // SAFETY: flock on a descriptor this function borrows for the call.
@@ -304,9 +339,13 @@ impl PartialFile {
         Ok(())
     }
 
-    /// Commits the verified file under its final name, step by step in [`COMMIT_ORDER`].
-    pub fn commit(&self) -> io::Result<()> {
-        COMMIT_ORDER.iter().try_for_each(|&step| self.run(step))
+    /// Commits the verified file under its final name, step by step in [`COMMIT_ORDER`],
+    /// calling `before` ahead of each step (tests crash the process there).
+    pub fn commit(&self, mut before: impl FnMut(CommitStep)) -> io::Result<()> {
+        COMMIT_ORDER.iter().try_for_each(|&step| {
+            before(step);
+            self.run(step)
+        })
     }
 
     fn run(&self, step: CommitStep) -> io::Result<()> {
@@ -447,7 +486,7 @@ mod tests {
         assert_eq!(have, vec![(0, digest(b"abcd"))]);
         file.write_block(4, b"efgh").unwrap();
         file.write_block(8, b"ij").unwrap();
-        file.commit().unwrap();
+        file.commit(|_| {}).unwrap();
         assert_eq!(fs::read(&target).unwrap(), b"abcdefghij");
         let m = fs::metadata(&target).unwrap();
         assert_eq!(m.permissions().mode() & 0o7777, 0o640);

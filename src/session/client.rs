@@ -342,6 +342,7 @@ impl Client {
             digest_key: self.opts.auth.key().digest_key(),
             await_telemetry: true,
             growth: Some(growth),
+            crash_at: None,
         }
         .run()
         .await?;

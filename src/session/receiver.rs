@@ -26,7 +26,7 @@ use crate::channels::{Digest, Violation};
 use crate::error::{Error, Result};
 use crate::fsio::dest::{Destination, Layout};
 use crate::fsio::ns_to_system_time;
-use crate::fsio::partial::{prepare, FileMeta, PartialFile, Prepared, StreamSink};
+use crate::fsio::partial::{prepare, CommitStep, FileMeta, PartialFile, Prepared, StreamSink};
 
 /// How long a receiver waits for the sender's final telemetry after the last file.
 const FINAL_TELEMETRY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
@@ -72,6 +72,8 @@ pub struct ReceiveEngine<R, W> {
     pub await_telemetry: bool,
     /// Channels the sender's online tuner adds while the session runs.
     pub growth: Option<Growth>,
+    /// Test fault: kill this process just before this step of a commit.
+    pub crash_at: Option<CommitStep>,
 }
 
 impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
@@ -223,9 +225,10 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
             Verdict::Pending => {}
             Verdict::Complete { .. } => {
                 let target = lock(shared).targets.get(&file).cloned();
+                let crash_at = self.crash_at;
                 commits.spawn_blocking(move || {
                     if let Some(Target::Partial(p)) = target.as_deref() {
-                        p.commit()
+                        p.commit(|step| crash_before(step, crash_at))
                             .map_err(Error::io(format!("committing {}", p.target().display())))?;
                     }
                     Ok(file)
@@ -302,6 +305,13 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
             });
         }
         Ok(plans)
+    }
+}
+
+/// The crash test's hook: dies like a power cut (no destructors, no flushes) at `crash_at`.
+fn crash_before(step: CommitStep, crash_at: Option<CommitStep>) {
+    if crash_at == Some(step) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::SIGKILL);
     }
 }
 

@@ -23,6 +23,7 @@ use crate::channels::manifest::EntryKind;
 use crate::channels::sender::{Job, SendPlanner};
 use crate::channels::{Digest, Violation};
 use crate::error::{Error, Result};
+use crate::fsio::partial::CommitStep;
 
 /// Deliberate damage for tests of the integrity path: the n-th block sent (counting from 0
 /// over the whole session) is altered after its checks were computed.
@@ -33,6 +34,8 @@ pub struct FaultInjection {
     /// Flip a payload byte and send the damaged bytes' digest: only the end-to-end
     /// comparison with the seal can catch it.
     pub corrupt_past_check: Option<u64>,
+    /// A receiving server kills itself (SIGKILL) just before this step of a commit.
+    pub crash_at: Option<CommitStep>,
 }
 
 struct Hashed {

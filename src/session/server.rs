@@ -343,6 +343,7 @@ async fn control(
                 digest_key: state.key.digest_key(),
                 await_telemetry: false,
                 growth: Some(growth(reserve, tx, rx, setup, None)),
+                crash_at: faults.crash_at,
             }
             .run()
             .await
