@@ -1,11 +1,40 @@
 //! What the sending and receiving engines share: how a session ends.
 
-use tokio::io::AsyncWrite;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::task::{JoinError, JoinSet};
 
 use super::report::SideOutcome;
-use super::wire::ControlWriter;
+use super::wire::{ControlReader, ControlWriter};
+use crate::channels::control::Message;
 use crate::error::{Error, Result};
+
+/// How long an engine whose data channel broke waits for the peer's reason on the control
+/// connection: a peer that fails sends its abort and drops its data channels at once, and
+/// the reset of a channel can arrive first.
+const ABORT_GRACE: Duration = Duration::from_secs(2);
+
+/// A failure that looks like the peer vanishing becomes the peer's own reason when the
+/// control connection brings one (a full disk on the other end, say) within [`ABORT_GRACE`].
+pub async fn peer_reason<R: AsyncRead + Unpin>(e: Error, ctrl_r: &mut ControlReader<R>) -> Error {
+    if !matches!(e, Error::PeerVanished) {
+        return e;
+    }
+    let reason = async {
+        loop {
+            match ctrl_r.recv().await {
+                Ok(Some(Message::Abort { message })) => return Some(message),
+                Ok(Some(_)) => continue,
+                _ => return None,
+            }
+        }
+    };
+    match tokio::time::timeout(ABORT_GRACE, reason).await {
+        Ok(Some(message)) => Error::PeerAborted(message),
+        _ => e,
+    }
+}
 
 /// The outcome of a finished data-channel task, as an error if it failed or panicked.
 pub fn channel_ended(r: Result<Result<()>, JoinError>) -> Result<()> {
