@@ -81,6 +81,12 @@ fn cmd(program: &str, args: &[&str]) -> Command {
     c
 }
 
+/// True when `program` is found in a directory of `PATH`.
+pub(crate) fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).exists()))
+}
+
 /// Fails unless running as root with every program the lab drives.
 pub fn preflight() -> Result<(), LabError> {
     if !nix::unistd::geteuid().is_root() {
@@ -94,10 +100,7 @@ pub fn preflight() -> Result<(), LabError> {
         ("ping", "iputils-ping"),
         ("sysctl", "procps"),
     ] {
-        let found = std::env::var_os("PATH")
-            .map(|p| std::env::split_paths(&p).any(|d| d.join(program).exists()))
-            .unwrap_or(false);
-        if !found {
+        if !on_path(program) {
             return Err(LabError::Missing {
                 program: program.into(),
                 hint: format!(
@@ -107,13 +110,6 @@ pub fn preflight() -> Result<(), LabError> {
         }
     }
     Ok(())
-}
-
-fn now_unix() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }
 
 impl Lab {
@@ -143,7 +139,7 @@ impl Lab {
                 element_pid: 0,
                 server_pid: None,
                 token_file,
-                created_unix: now_unix(),
+                created_unix: crate::session::probe::unix_now(),
                 check: None,
             },
             dir,

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use super::{choose_ccs, describe, lateness, pct, OwnedLab, Report, RunOptions};
 use crate::lab::flows::FlowSpec;
-use crate::lab::topology::SERVER_PORT;
+use crate::lab::topology::{on_path, SERVER_PORT};
 use crate::lab::{Host, Lab, LabError, LabSpec, QueueSize};
 
 /// Congestion controls of the sweep (those registered on the host).
@@ -358,13 +358,7 @@ fn copy(lab: &Lab, file: &Path, server: &str, token: &str) -> Result<f64, LabErr
 /// the sending host's default congestion control set to `default_cc` (GridFTP does not
 /// choose one); the rate over the whole command, as its users see it.
 fn gridftp(lab: &Lab, file: &Path, default_cc: &str) -> Result<f64, LabError> {
-    let missing = |p: &str| {
-        Command::new("sh")
-            .args(["-c", &format!("command -v {p}")])
-            .output()
-            .map_or(true, |o| !o.status.success())
-    };
-    if missing("globus-gridftp-server") || missing("globus-url-copy") {
+    if !on_path("globus-gridftp-server") || !on_path("globus-url-copy") {
         return Err(LabError::Missing {
             program: "globus-url-copy".into(),
             hint: "apt-get install globus-gridftp-server-progs globus-gass-copy-progs".into(),
