@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, limited, random_file, sha256, wait_listening, ServerProc};
+use common::{free_port, limited, limited_server, random_file, sha256, wait_listening, ServerProc};
 
 const BIN: &str = env!("CARGO_BIN_EXE_hsxfer");
 
@@ -502,15 +502,7 @@ fn a_2000_file_tree_pushes_and_pulls_at_ulimit_n_1024() {
     }
     let root = dir.path().join("root");
     fs::create_dir(&root).unwrap();
-    let port = free_port();
-    let server = limited()
-        .args(["serve", "--no-auth", "--port", &port.to_string(), "--root"])
-        .arg(&root)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let _server = ServerProc(server);
-    wait_listening(port);
+    let (_server, port) = limited_server(&root);
     let p = port.to_string();
     let push = limited()
         .args([

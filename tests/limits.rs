@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,20 +12,6 @@ use common::*;
 use hsxfer::{Auth, Error, FaultInjection, ServerLimits};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
-
-/// `hsxfer serve --no-auth` at `ulimit -n 1024` on a free loopback port.
-fn limited_server(root: &Path) -> (ServerProc, u16) {
-    let port = free_port();
-    let child = limited()
-        .args(["serve", "--no-auth", "--port", &port.to_string(), "--root"])
-        .arg(root)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let server = ServerProc(child);
-    wait_listening(port);
-    (server, port)
-}
 
 /// Holds a connection from 127.0.0.2 that dribbles a control hello one byte every 2 s, so
 /// no single read of the server's times out, opening a new one whenever the server drops it,

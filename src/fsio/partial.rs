@@ -363,13 +363,8 @@ impl PartialFile {
                 Ok(())
             }
             CommitStep::SyncDir => {
-                let dir = self.target.parent().unwrap_or(Path::new("."));
-                let dir = if dir.as_os_str().is_empty() {
-                    Path::new(".")
-                } else {
-                    dir
-                };
-                File::open(dir)?.sync_all()
+                let dir = self.target.parent().filter(|d| !d.as_os_str().is_empty());
+                File::open(dir.unwrap_or(Path::new(".")))?.sync_all()
             }
             CommitStep::RemoveJournal => {
                 if let Some(jp) = &self.journal_path {

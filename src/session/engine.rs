@@ -17,7 +17,7 @@ const ABORT_GRACE: Duration = Duration::from_secs(2);
 
 /// A failure that looks like the peer vanishing becomes the peer's own reason when the
 /// control connection brings one (a full disk on the other end, say) within [`ABORT_GRACE`].
-pub async fn peer_reason<R: AsyncRead + Unpin>(e: Error, ctrl_r: &mut ControlReader<R>) -> Error {
+async fn peer_reason<R: AsyncRead + Unpin>(e: Error, ctrl_r: &mut ControlReader<R>) -> Error {
     if !matches!(e, Error::PeerVanished) {
         return e;
     }
@@ -42,9 +42,11 @@ pub fn channel_ended(r: Result<Result<()>, JoinError>) -> Result<()> {
 }
 
 /// Ends an engine: on success waits for every channel task to finish cleanly; on failure
-/// tells the peer why and stops the channels.
-pub async fn conclude<W: AsyncWrite + Unpin>(
+/// gives the peer's own reason if it sent one ([`peer_reason`]), tells the peer why and
+/// stops the channels.
+pub async fn conclude<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     result: Result<SideOutcome>,
+    ctrl_r: &mut ControlReader<R>,
     ctrl_w: &mut ControlWriter<W>,
     mut tasks: JoinSet<Result<()>>,
 ) -> Result<SideOutcome> {
@@ -56,6 +58,7 @@ pub async fn conclude<W: AsyncWrite + Unpin>(
             Ok(out)
         }
         Err(e) => {
+            let e = peer_reason(e, ctrl_r).await;
             ctrl_w.abort(&e).await;
             tasks.abort_all();
             Err(e)

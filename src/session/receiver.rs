@@ -13,7 +13,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
-use super::engine::{channel_ended, conclude, peer_reason};
+use super::engine::{channel_ended, conclude};
 use super::growth::{admit_channels, recv_or_pending, Arrivals, Growth};
 use super::report::{LiveStats, SideOutcome};
 use super::wire::{read_header, read_payload, ControlReader, ControlWriter};
@@ -90,11 +90,8 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         }
         // On success the channel tasks end when the sender, having seen every FileDone,
         // closes its channels.
-        let result = match self.drive(&shared, &ev_tx, ev_rx, &mut tasks).await {
-            Err(e) => Err(peer_reason(e, &mut self.ctrl_r).await),
-            ok => ok,
-        };
-        let out = conclude(result, &mut self.ctrl_w, tasks).await?;
+        let result = self.drive(&shared, &ev_tx, ev_rx, &mut tasks).await;
+        let out = conclude(result, &mut self.ctrl_r, &mut self.ctrl_w, tasks).await?;
         if self.await_telemetry {
             self.final_telemetry().await;
         }

@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
-use super::engine::{channel_ended, conclude, peer_reason};
+use super::engine::{channel_ended, conclude};
 use super::growth::{ask_for_channels, recv_or_pending, Arrivals, Growth};
 use super::report::{LiveStats, SideOutcome};
 use super::source::{read_file_block, BlockReader, SendSource};
@@ -115,10 +115,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
             ch.gate = self.gate.as_ref().filter(|_| i > 0).map(|g| g.subscribe());
             tasks.spawn(ch.run());
         }
-        let mut result = match self.drive(&jobs_tx, hashed_rx, &crew, &mut tasks).await {
-            Err(e) => Err(peer_reason(e, &mut self.ctrl_r).await),
-            ok => ok,
-        };
+        let mut result = self.drive(&jobs_tx, hashed_rx, &crew, &mut tasks).await;
         if result.is_ok() && self.forward_telemetry.is_some() {
             let last = Message::Telemetry(self.live.telemetry.take_batch(true));
             if let Err(e) = self.ctrl_w.send(&last).await {
@@ -131,7 +128,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
         if let Some(g) = &self.gate {
             g.send_replace(true);
         }
-        conclude(result, &mut self.ctrl_w, tasks).await
+        conclude(result, &mut self.ctrl_r, &mut self.ctrl_w, tasks).await
     }
 
     async fn drive(

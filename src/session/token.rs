@@ -2,7 +2,7 @@
 //! guess (at least 128 bits) and readable by its owner only; `hsxfer token new` writes one.
 
 use std::fs::{self, OpenOptions};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
@@ -18,14 +18,17 @@ const NEW_TOKEN_BYTES: usize = 32;
 /// resist guessing.
 pub fn read(path: &Path) -> Result<Vec<u8>> {
     let shown = path.display();
-    let meta = fs::metadata(path).map_err(Error::io(format!("reading token file {shown}")))?;
-    let mode = meta.mode() & 0o777;
+    let failed = || Error::io(format!("reading token file {shown}"));
+    // One open for both checks: the mode is that of the file actually read.
+    let mut file = fs::File::open(path).map_err(failed())?;
+    let mode = file.metadata().map_err(failed())?.mode() & 0o777;
     if mode & 0o077 != 0 {
         return Err(Error::Usage(format!(
             "token file {shown} is open to other users (mode {mode:03o}): run chmod 600 {shown}"
         )));
     }
-    let token = fs::read(path).map_err(Error::io(format!("reading token file {shown}")))?;
+    let mut token = Vec::new();
+    file.read_to_end(&mut token).map_err(failed())?;
     let len = token.trim_ascii().len();
     if len < MIN_TOKEN_CHARS {
         return Err(Error::Usage(format!(

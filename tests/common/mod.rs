@@ -215,3 +215,17 @@ pub fn limited() -> Command {
     c.args(["--nofile=1024:1024", env!("CARGO_BIN_EXE_hsxfer")]);
     c
 }
+
+/// `hsxfer serve --no-auth` at `ulimit -n 1024` on a free loopback port, serving `root`.
+pub fn limited_server(root: &Path) -> (ServerProc, u16) {
+    let port = free_port();
+    let child = limited()
+        .args(["serve", "--no-auth", "--port", &port.to_string(), "--root"])
+        .arg(root)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let server = ServerProc(child);
+    wait_listening(port);
+    (server, port)
+}
