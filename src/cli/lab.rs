@@ -150,6 +150,10 @@ struct RunArgs {
     /// Paths to run, by letter (probe: default a,b,c,d,e).
     #[arg(long, value_delimiter = ',')]
     paths: Option<Vec<String>>,
+    /// fairness: run each --cc against one flow of this congestion control instead (its
+    /// share of the path, e.g. `--against cubic`).
+    #[arg(long, value_name = "CC")]
+    against: Option<String>,
 }
 
 #[derive(Args)]
@@ -461,6 +465,11 @@ fn exec(e: ExecArgs) -> anyhow::Result<bool> {
 }
 
 fn run(r: RunArgs) -> anyhow::Result<bool> {
+    if r.against.is_some() && r.experiment != Experiment::Fairness {
+        anyhow::bail!(
+            "--against applies to the fairness experiment only: hsxfer lab run fairness --against cubic"
+        );
+    }
     let opts = RunOptions {
         quick: r.quick,
         out: r.out,
@@ -471,6 +480,7 @@ fn run(r: RunArgs) -> anyhow::Result<bool> {
         channels: r.channels,
         tiny_only: r.tiny_only,
         paths: r.paths,
+        against: r.against,
     };
     let report = experiments::run(r.experiment, &opts, &mut |line| eprintln!("{line}"))?;
     println!("{}", report.markdown);

@@ -6,12 +6,14 @@
 //!   Table 4.2).
 //! - [`sync`]: loss synchronization of n flows (Tables 4.1/4.3, Expr. 4.1/4.2).
 //! - [`fairness`]: intra-protocol and RTT fairness, with and without background traffic
-//!   (seed 003 §5.7).
+//!   (Cui 2013 §5.7); with `--against CC`, [`against`]: each control's share against one
+//!   flow of CC.
 //! - [`convergence`]: time for a second connection to reach 80 % of the first's window
 //!   (seed 003 Fig. 5.8).
 //! - [`probe`]: `hsxfer probe`'s pick and copies with no flags against an exhaustive sweep
 //!   of congestion control × channels × pacing on five paths.
 
+pub mod against;
 pub mod analysis;
 pub mod convergence;
 pub mod fairness;
@@ -103,6 +105,9 @@ pub struct RunOptions {
     pub tiny_only: bool,
     /// Paths to run, by letter, instead of all (probe).
     pub paths: Option<Vec<String>>,
+    /// The congestion control of the one flow each tested connection shares the path with
+    /// (fairness: the inter-protocol form, [`against`]).
+    pub against: Option<String>,
 }
 
 /// What an experiment produced.
@@ -127,12 +132,19 @@ pub fn run(
     let mut report = match experiment {
         Experiment::Utilization => utilization::run(opts, log)?,
         Experiment::Sync => sync::run(opts, log)?,
-        Experiment::Fairness => fairness::run(opts, log)?,
+        Experiment::Fairness => match &opts.against {
+            Some(reference) => against::run(opts, reference, log)?,
+            None => fairness::run(opts, log)?,
+        },
         Experiment::Convergence => convergence::run(opts, log)?,
         Experiment::Probe => probe::run(opts, log)?,
     };
-    let md = opts.out.join(format!("{experiment}.md"));
-    let json = opts.out.join(format!("{experiment}.json"));
+    let stem = match &opts.against {
+        Some(reference) => format!("{experiment}-against-{reference}"),
+        None => experiment.to_string(),
+    };
+    let md = opts.out.join(format!("{stem}.md"));
+    let json = opts.out.join(format!("{stem}.json"));
     std::fs::write(&md, &report.markdown).map_err(LabError::io("writing the table"))?;
     std::fs::write(
         &json,

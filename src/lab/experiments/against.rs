@@ -1,0 +1,143 @@
+//! Inter-protocol share (`lab run fairness --against CC`): one connection of each congestion
+//! control under test (DMCTCP with 5 channels, the others with 1) shares the bottleneck with
+//! one flow of the reference control, started together at the same RTT, on the tiny-queue
+//! path of the utilization experiment. Reported: the tested connection's share of the two
+//! goodputs, their total against the path's ceiling, and the tested one's share relative to
+//! a fair half ("1.33×" is a third more than half).
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::{
+    choose_ccs, describe, fairness::channels_for, lateness, pct, OwnedLab, Report, RunOptions,
+};
+use crate::lab::flows::FlowSpec;
+use crate::lab::{Host, LabError, LabSpec, QueueSize};
+
+struct Row {
+    cc: String,
+    channels: u16,
+    goodput: f64,
+    goodput_reference: f64,
+    utilization: f64,
+}
+
+impl Row {
+    /// The tested connection's fraction of the two goodputs.
+    fn share(&self) -> f64 {
+        self.goodput / (self.goodput + self.goodput_reference).max(1.0)
+    }
+}
+
+/// Runs every chosen congestion control against one `reference` flow.
+pub fn run(
+    opts: &RunOptions,
+    reference: &str,
+    log: &mut dyn FnMut(&str),
+) -> Result<Report, LabError> {
+    let (rate, rtt_ms, queue, seconds, warmup): (u64, u64, u32, f64, f64) = if opts.quick {
+        (200_000_000, 20, 16, 6.0, 1.5)
+    } else {
+        (1_000_000_000, 60, 64, 60.0, 5.0)
+    };
+    let seconds = opts.seconds.unwrap_or(seconds);
+    let defaults: &[&str] = if opts.quick {
+        &["reno"]
+    } else {
+        &["dmctcp", "cubic", "bbr"]
+    };
+    let (ccs, skipped) = choose_ccs(opts, defaults)?;
+    let reference_opts = RunOptions {
+        ccs: Some(vec![reference.to_string()]),
+        ..opts.clone()
+    };
+    choose_ccs(&reference_opts, &[])?;
+    let rtt = Duration::from_millis(rtt_ms);
+    let spec = LabSpec {
+        name: opts.lab_name.clone(),
+        rate_bps: rate,
+        rtts: vec![rtt, rtt],
+        queue: QueueSize::Packets(queue),
+        senders: 2,
+        ..LabSpec::default()
+    };
+    let lab = OwnedLab::up(&spec, opts)?;
+    let mut rows = Vec::new();
+    for cc in &ccs {
+        let tested = FlowSpec::new(cc, channels_for(cc), seconds);
+        let mut against = FlowSpec::new(reference, 1, seconds);
+        against.from = Host::Sender(2);
+        let (a, b) = (lab.0.start_flow(&tested)?, lab.0.start_flow(&against)?);
+        let (a, b) = (a.wait()?, b.wait()?);
+        let (ga, gb) = (a.goodput_after(warmup), b.goodput_after(warmup));
+        let row = Row {
+            cc: cc.clone(),
+            channels: tested.channels,
+            goodput: ga,
+            goodput_reference: gb,
+            utilization: (ga + gb) / spec.goodput_ceiling_bps(),
+        };
+        log(&format!(
+            "fairness: {cc} ×{} against one {reference} flow: {:.0} / {:.0} Mbit/s, share {}, total {}",
+            row.channels,
+            ga / 1e6,
+            gb / 1e6,
+            pct(row.share()),
+            pct(row.utilization)
+        ));
+        rows.push(row);
+    }
+    let (late_p99, late_max) = lateness(&lab.0);
+    drop(lab);
+
+    let mut md = format!(
+        "# Share against one {reference} flow\n\nPath: {}. Connection A (sender 1) runs the congestion control in the table, DMCTCP with 5 channels and the others with 1; connection B (sender 2) is one {reference} flow; same RTT, started together, no pacing, no stagger; {seconds} s per run, goodput after {warmup} s. Share = A / (A + B); a fair share is 50 %. Delay-element lateness p99 {late_p99} µs, max {late_max} µs.\n\n",
+        describe(&spec, queue)
+    );
+    if !skipped.is_empty() {
+        md += &format!(
+            "Not registered here, so not run: {}.\n\n",
+            skipped.join(", ")
+        );
+    }
+    md += &format!(
+        "| A | channels | A Mbit/s | {reference} Mbit/s | A's share | × fair share | total |\n|---|---|---|---|---|---|---|\n"
+    );
+    for r in &rows {
+        md += &format!(
+            "| {} | {} | {:.0} | {:.0} | {} | {:.2}× | {} |\n",
+            r.cc,
+            r.channels,
+            r.goodput / 1e6,
+            r.goodput_reference / 1e6,
+            pct(r.share()),
+            2.0 * r.share(),
+            pct(r.utilization)
+        );
+    }
+    let json = json!({
+        "experiment": "fairness",
+        "against": reference,
+        "quick": opts.quick,
+        "rate_bps": rate,
+        "rtt_ms": rtt_ms,
+        "queue_packets": queue,
+        "seconds": seconds,
+        "warmup_s": warmup,
+        "goodput_ceiling_bps": spec.goodput_ceiling_bps(),
+        "lateness_p99_us": late_p99,
+        "lateness_max_us": late_max,
+        "skipped_ccs": skipped,
+        "runs": rows.iter().map(|r| json!({
+            "cc": r.cc, "channels": r.channels, "goodput_bps": r.goodput,
+            "goodput_reference_bps": r.goodput_reference, "share": r.share(),
+            "utilization": r.utilization,
+        })).collect::<Vec<_>>(),
+    });
+    Ok(Report {
+        markdown: md,
+        json,
+        files: Vec::new(),
+    })
+}
