@@ -1,23 +1,37 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 /*
- * DMCTCP, Desynchronized Multi-Channel TCP (seed 003, chapter 5), as a BPF congestion control.
+ * DMCTCP, Desynchronized Multi-Channel TCP (Cui 2013, chapter 5), as a BPF congestion control.
  *
  * The m channels of one connection form a group. On a loss on channel i, w_i is halved only if
  * it is the largest window in the group and more than one RTT has passed since the group's
  * last cut; otherwise the window is kept and the loss only retransmitted. On each ACK the
- * smallest channel grows by 1/w_i per segment, every other channel by 1/(w_total - w_min).
+ * smallest channel grows by 1/w_i per segment, every other channel by 1/(w_total - w_min),
+ * or faster while the group's growth curve (dmc_curve_w, hsxfer's addition) is above its total.
  * After the group's first cut, channels still in slow start take that cut's ssthresh.
  *
  * Groups: MPTCP subflows join the group of their parent connection; plain TCP channels join
  * the group named by a tag (u64 in the dmctcp_tags socket-storage map) that the sending
  * process sets before the congestion control starts. An untagged socket is a group of one.
- * Channels are paced by TCP's internal pacing (see init).
+ * Channels are paced by TCP's internal pacing (see init); a channel idle for two RTTs is left
+ * out of the comparisons (dmc_publish).
  */
+/*
+ * Internal pacing in congestion avoidance at 105 % of cwnd/srtt, not the kernel's 120 %: the
+ * channels' caps then add up to about the path's rate when the group's window fills it, so a
+ * stall of the ACK clock is not followed by a burst into a tiny queue (docs/cc.md: 72 % of a
+ * 1 Gbit/s × 60 ms path with a 64-packet queue at 120 %, 84 % at 105 %).
+ */
+#define HSX_PACING_CA_RATIO 105
 #include "hsxfer_cc.h"
 
 char _license[] SEC("license") = "Dual MIT/GPL";
 
 #define DMC_MAX_CHANNELS 32
+/* A channel that has not published its window for this many RTTs is idle: not compared. */
+#define DMC_IDLE_RTTS 2
+/* C of the group's growth curve, in segments/s^3 (CUBIC's form; Linux uses 0.4 per flow). */
+#define DMC_C_NUM 3
+#define DMC_C_DEN 10
 
 HSX_STATS_MAP(dmctcp)
 
@@ -34,6 +48,11 @@ struct dmc_group {
 	u64 losses_kept;    /* losses that kept the window */
 	u64 ss_adopted;     /* slow-start channels that took the first cut's ssthresh */
 	u32 cwnd[DMC_MAX_CHANNELS];
+	/* Added after the first layout (user space reads only the fields above). */
+	u64 seen_us[DMC_MAX_CHANNELS]; /* when each slot last published its window */
+	u64 epoch_us;       /* start of the group's growth curve: its last cut */
+	u32 w_max;          /* the group's total window just before that cut */
+	u32 k_ms;           /* how long the curve takes to climb back to w_max */
 };
 
 struct {
@@ -87,7 +106,7 @@ static __always_inline void dmc_join(struct sock *sk, struct dmc_ca *ca)
 {
 	struct dmc_group zero = {};
 	struct dmc_group *g;
-	u64 key;
+	u64 key, now = now_us();
 	u32 slot = 0;
 
 	/* The first ACK (the SYN-ACK's) can come before init: join once. */
@@ -109,6 +128,7 @@ static __always_inline void dmc_join(struct sock *sk, struct dmc_ca *ca)
 		if (!(g->used & (1U << i))) {
 			g->used |= 1U << i;
 			g->cwnd[i] = tcp_sk(sk)->snd_cwnd;
+			g->seen_us[i] = now;
 			g->channels++;
 			if (g->channels > g->channels_peak)
 				g->channels_peak = g->channels;
@@ -137,26 +157,42 @@ struct dmc_view {
 	u32 total;
 	u32 min;
 	u32 max_others;
+	u32 w_max;
+	u32 k_ms;
+	u64 epoch_us;
 };
 
 /*
  * Publishes this channel's window and reads the others'. The loop does not compare slots
  * with this channel's (the verifier would follow every slot as a separate path): the
- * channel is left out through the `others` mask.
+ * channel is left out through the `others` mask. Windows are published on ACKs, so an idle
+ * channel's (a disk-bound one, or one at the end of its work) is as old as its last ACK:
+ * one not published for DMC_IDLE_RTTS RTTs is left out, so its stale window can neither
+ * be "the largest" that keeps every loss of the busy channels nor inflate their sum.
  */
-static __always_inline struct dmc_view dmc_publish(struct dmc_group *g, u32 slot, u32 cwnd)
+static __always_inline struct dmc_view dmc_publish(struct sock *sk, struct dmc_group *g,
+						    u32 slot)
 {
+	struct tcp_sock *tp = tcp_sk(sk);
+	u32 cwnd = tp->snd_cwnd;
+	u64 now = now_us();
+	u64 idle_us = (u64)DMC_IDLE_RTTS * max_u32(tp->srtt_us >> 3, 1000);
 	struct dmc_view v = { .total = cwnd, .min = cwnd, .max_others = 0 };
 	u32 me = (slot - 1) & (DMC_MAX_CHANNELS - 1);
 	u32 others;
 
 	bpf_spin_lock(&g->lock);
 	g->cwnd[me] = cwnd;
+	g->seen_us[me] = now;
+	v.w_max = g->w_max;
+	v.k_ms = g->k_ms;
+	v.epoch_us = g->epoch_us;
 	others = g->used & ~(1U << me);
 	for (u32 i = 0; i < DMC_MAX_CHANNELS; i++) {
 		u32 w = g->cwnd[i];
 
-		if (!(others & (1U << i)))
+		/* Signed: another CPU may have published after `now` was read. */
+		if (!(others & (1U << i)) || (s64)(now - g->seen_us[i]) > (s64)idle_us)
 			continue;
 		v.total += w;
 		v.min = min_u32(v.min, w);
@@ -221,7 +257,57 @@ void BPF_PROG(dmctcp_in_ack_event, struct sock *sk, u32 flags)
 		dmc_join(sk, ca);
 	g = dmc_group(ca);
 	if (g)
-		dmc_publish(g, ca->slot, tcp_sk(sk)->snd_cwnd);
+		dmc_publish(sk, g, ca->slot);
+}
+
+/*
+ * Cube root of x < 2^60, to within one (Newton's iteration from above: only arithmetic, no
+ * branch on the data, so the verifier walks it once). x^(1/3) < 2^20, the starting point.
+ */
+static __always_inline u64 dmc_cbrt(u64 x)
+{
+	u64 r = 1ULL << 20;
+
+	if (!x)
+		return 0;
+	for (int i = 0; i < 24; i++)
+		r = (2 * r + x / (r * r)) / 3;
+	return r;
+}
+
+/* K of the group's curve, ms, after a cut that takes `drop` segments off its total. */
+static __always_inline u32 dmc_k_ms(u32 drop)
+{
+	/* K = cbrt(drop / C) s = cbrt(drop * 10^9 / C) ms. */
+	return (u32)dmc_cbrt((u64)min_u32(drop, 100000000) * 1000000000ULL * DMC_C_DEN / DMC_C_NUM);
+}
+
+/*
+ * The group's curve W(t) = C (t - K)^3 + w_max from its last cut, one RTT ahead (as CUBIC):
+ * concave back to the total before the cut, then convex past it. Returns tcp_cong_avoid_ai's
+ * w that makes each channel grow by cwnd_i (W - total) / total per RTT (at most half its
+ * window), or ~0 when the curve is at or below the total, or before the group's first cut.
+ */
+static __always_inline u32 dmc_curve_w(const struct dmc_view *v, u32 srtt_us)
+{
+	u64 now = now_us(), t_ms, d, off, target;
+
+	if (!v->epoch_us || !v->total)
+		return ~0U;
+	/* The cut may have been made on another CPU after `now` was read. */
+	t_ms = (now > v->epoch_us ? now - v->epoch_us : 0) / 1000 + srtt_us / 1000;
+	d = t_ms > v->k_ms ? t_ms - v->k_ms : v->k_ms - t_ms;
+	if (d > 1000000)
+		d = 1000000;
+	off = d * d * d / 1000000000ULL * DMC_C_NUM / DMC_C_DEN;
+	if (t_ms > v->k_ms)
+		target = v->w_max + off;
+	else
+		target = off < v->w_max ? v->w_max - off : 0;
+	if (target <= v->total)
+		return ~0U;
+	d = v->total / (target - v->total);
+	return d < 2 ? 2 : (u32)d;
 }
 
 /* Cut (halve) only the largest window, at most once per RTT per group; otherwise keep it. */
@@ -230,7 +316,7 @@ u32 BPF_PROG(dmctcp_ssthresh, struct sock *sk)
 {
 	struct dmc_ca *ca = inet_csk_ca(sk);
 	struct tcp_sock *tp = tcp_sk(sk);
-	u32 cwnd, cut;
+	u32 cwnd, cut, k_ms;
 	u64 now = now_us();
 	u64 rtt = tp->srtt_us >> 3;
 	struct dmc_group *g = dmc_group(ca);
@@ -246,12 +332,16 @@ u32 BPF_PROG(dmctcp_ssthresh, struct sock *sk)
 			ca->last_cut_us = now;
 		return hsx_ssthresh_ret(&ca->guard, halve ? cut : max_u32(cwnd, 2));
 	}
-	v = dmc_publish(g, ca->slot, cwnd);
+	v = dmc_publish(sk, g, ca->slot);
+	k_ms = dmc_k_ms(cwnd - cut);
 	bpf_spin_lock(&g->lock);
 	if (cwnd >= v.max_others && now - g->last_cut_us > rtt) {
 		halve = true;
 		g->last_cut_us = now;
 		g->cuts++;
+		g->epoch_us = now;
+		g->w_max = v.total;
+		g->k_ms = k_ms;
 		if (!g->first_ssthresh)
 			g->first_ssthresh = cut;
 	} else {
@@ -287,14 +377,15 @@ static __always_inline void dmctcp_cong_avoid(struct sock *sk, u32 ack, u32 acke
 	}
 	w = tp->snd_cwnd;
 	if (g) {
-		v = dmc_publish(g, ca->slot, tp->snd_cwnd);
+		v = dmc_publish(sk, g, ca->slot);
 		if (tp->snd_cwnd > v.min && v.total > v.min)
 			w = v.total - v.min;
+		w = min_u32(w, dmc_curve_w(&v, tp->srtt_us >> 3));
 	}
 	tcp_cong_avoid_ai(tp, max_u32(w, 1), acked);
 publish:
 	if (g)
-		dmc_publish(g, ca->slot, tp->snd_cwnd);
+		dmc_publish(sk, g, ca->slot);
 }
 
 SEC("struct_ops")

@@ -306,7 +306,9 @@ static __always_inline u8 hsx_ca_state(struct sock *sk)
 /* net.ipv4.tcp_reordering's default, and tcp_pacing_ss_ratio / tcp_pacing_ca_ratio's. */
 #define HSX_REORDERING 3
 #define HSX_PACING_SS_RATIO 200
+#ifndef HSX_PACING_CA_RATIO
 #define HSX_PACING_CA_RATIO 120
+#endif
 
 /*
  * Proportional Rate Reduction (RFC 6937) as the kernel's tcp_cwnd_reduction(), but from the

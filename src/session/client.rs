@@ -36,7 +36,9 @@ use crate::transport::tcp_info::tcp_info;
 use crate::transport::{self, SocketOptions};
 use crate::tuning::bdp::{self, BufferChoice, BufferRequest};
 use crate::tuning::defaults;
-use crate::tuning::desync::{pacing_caps, stagger_offsets, PaceChoice, StaggerChoice};
+use crate::tuning::desync::{
+    effective_stagger, pacing_caps, stagger_offsets, PaceChoice, StaggerChoice,
+};
 use crate::tuning::online::{OnlineTuner, METER_CC};
 
 /// What is known of the path's bottleneck rate before the transfer starts.
@@ -414,10 +416,8 @@ impl Client {
         let online = self.online_request(goodput);
         // The meter replaces an automatic stagger: the other channels start once the first
         // has measured the path, paced below its rate, so their slow starts cannot overshoot.
-        let stagger_choice = match (self.opts.stagger, &online) {
-            (StaggerChoice::Auto, Some(o)) if o.pace => StaggerChoice::Off,
-            (choice, _) => choice,
-        };
+        let metered = online.as_ref().is_some_and(|o| o.pace);
+        let stagger_choice = effective_stagger(self.opts.stagger, &self.opts.cc, metered);
         let stagger = stagger_offsets(stagger_choice, n, rtt, &mut rand::thread_rng());
         let mut tuning = self.tuning_request(rtt, rate, goodput, live.telemetry.tracing());
         tuning.online = online;

@@ -23,6 +23,29 @@ pub enum StaggerChoice {
     Off,
 }
 
+/// The stagger a transfer runs with. An automatic stagger is off when the online tuner's
+/// meter starts the channels (they start paced below the measured rate) and for DMCTCP: its
+/// group rules are what desynchronize the channels (Cui 2013 ch. 5), and a channel that
+/// starts RTTs after the others leaves slow start at the group's first ssthresh, far from
+/// its share. An explicit `--stagger` is kept.
+///
+/// # Examples
+///
+/// ```
+/// use hsxfer::tuning::desync::{effective_stagger, StaggerChoice};
+///
+/// let dmctcp = vec!["dmctcp".to_string()];
+/// assert_eq!(effective_stagger(StaggerChoice::Auto, &dmctcp, false), StaggerChoice::Off);
+/// assert_eq!(effective_stagger(StaggerChoice::Auto, &[], false), StaggerChoice::Auto);
+/// ```
+pub fn effective_stagger(choice: StaggerChoice, cc: &[String], metered: bool) -> StaggerChoice {
+    let grouped = cc.iter().any(|c| c == crate::tuning::models::dmctcp::NAME);
+    match choice {
+        StaggerChoice::Auto if metered || grouped => StaggerChoice::Off,
+        other => other,
+    }
+}
+
 /// Start offset of each channel from the start of the data phase.
 pub fn stagger_offsets(
     choice: StaggerChoice,
@@ -109,6 +132,30 @@ mod tests {
         // A long RTT with many channels stays within the cap.
         let b = stagger_offsets(StaggerChoice::Auto, 32, ms(250), &mut rng);
         assert!(*b.last().unwrap() <= MAX_AUTO_STAGGER + MAX_AUTO_STAGGER / 31 / 4 + ms(1));
+    }
+
+    #[test]
+    fn dmctcp_and_the_meter_turn_only_an_automatic_stagger_off() {
+        let ms = Duration::from_millis;
+        let dmctcp = ["cubic".to_string(), "dmctcp".to_string()];
+        let cubic = ["cubic".to_string()];
+        assert_eq!(
+            effective_stagger(StaggerChoice::Auto, &dmctcp, false),
+            StaggerChoice::Off
+        );
+        assert_eq!(
+            effective_stagger(StaggerChoice::Auto, &cubic, true),
+            StaggerChoice::Off
+        );
+        assert_eq!(
+            effective_stagger(StaggerChoice::Auto, &cubic, false),
+            StaggerChoice::Auto
+        );
+        // What the user asked for is kept.
+        assert_eq!(
+            effective_stagger(StaggerChoice::Fixed(ms(120)), &dmctcp, true),
+            StaggerChoice::Fixed(ms(120))
+        );
     }
 
     #[test]
