@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 /*
  * HighSpeed TCP (RFC 3649) as Linux's tcp_highspeed: the Appendix B table gives, per window
- * range, the increase a(w) in segments per RTT and the decrease b(w) = md/256.
+ * range, the increase a(w) in segments per RTT and the decrease b(w) = md/256. As in Linux,
+ * the row (ai) follows the window only in congestion avoidance, so the loss that ends the
+ * first slow start halves the window (row 0), and a loss in a later slow start (after a
+ * timeout) cuts by the row congestion avoidance last reached.
  */
 #include "hsxfer_cc.h"
 
@@ -32,6 +35,7 @@ static const struct hstcp_row {
 
 struct hstcp_ca {
 	struct hsx_guard guard;
+	u32 ai; /* the table row, updated in congestion avoidance only */
 };
 
 /* The table row of window `cwnd`: row i holds windows up to its cwnd, the last row all above. */
@@ -70,6 +74,7 @@ void BPF_PROG(highspeed_in_ack_event, struct sock *sk, u32 flags)
 /* Growth, called from cong_control (HSX_CONG_CONTROL) on in-order delivery. */
 static __always_inline void highspeed_cong_avoid(struct sock *sk, u32 ack, u32 acked)
 {
+	struct hstcp_ca *ca = inet_csk_ca(sk);
 	struct tcp_sock *tp = tcp_sk(sk);
 
 	if (!tcp_is_cwnd_limited(sk))
@@ -79,9 +84,10 @@ static __always_inline void highspeed_cong_avoid(struct sock *sk, u32 ack, u32 a
 		if (!acked)
 			return;
 	}
+	ca->ai = hstcp_row(tp->snd_cwnd);
 	/* cwnd += a(w) / cwnd per ACKed segment: a(w) = row + 1 segments per RTT. */
 	if (tp->snd_cwnd < tp->snd_cwnd_clamp)
-		tcp_cong_avoid_ai(tp, tp->snd_cwnd, acked * (hstcp_row(tp->snd_cwnd) + 1));
+		tcp_cong_avoid_ai(tp, tp->snd_cwnd, acked * (ca->ai + 1));
 }
 
 SEC("struct_ops")
@@ -92,7 +98,7 @@ u32 BPF_PROG(highspeed_ssthresh, struct sock *sk)
 
 	hsx_guard(sk, &ca->guard);
 	cwnd = tcp_sk(sk)->snd_cwnd;
-	md = hstcp_table[hstcp_row(cwnd)].md;
+	md = hstcp_table[ca->ai < HSTCP_ROWS ? ca->ai : HSTCP_ROWS - 1].md;
 
 	/* cwnd - b(w) * cwnd */
 	return hsx_ssthresh_ret(&ca->guard, max_u32(cwnd - ((cwnd * md) >> 8), 2));

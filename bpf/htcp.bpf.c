@@ -109,20 +109,26 @@ static __always_inline void htcp_alpha_update(struct htcp_ca *ca, u32 now)
 		ca->alpha = ALPHA_BASE;
 }
 
-static __always_inline void htcp_measure_rtt(struct sock *sk, struct htcp_ca *ca)
+/*
+ * min and max RTT from each ACK's RTT sample, in ms rounded up (Linux: usecs_to_jiffies of
+ * sample->rtt_us at HZ = 1000). Not the smoothed RTT: srtt averages the samples (gain 1/8),
+ * so its lowest value is above the lowest sample and its highest below the highest one, which
+ * moves beta = min/max RTT.
+ */
+static __always_inline void htcp_measure_rtt(struct htcp_ca *ca, s32 rtt_us)
 {
-	u32 srtt = (tcp_sk(sk)->srtt_us >> 3) / 1000;
+	u32 rtt = ((u32)rtt_us + 999) / 1000;
 
-	if (!srtt)
+	if (!rtt)
 		return;
-	if (ca->min_rtt > srtt || !ca->min_rtt)
-		ca->min_rtt = srtt;
+	if (ca->min_rtt > rtt || !ca->min_rtt)
+		ca->min_rtt = rtt;
 	/* max RTT only in the Open state, ignoring jumps of more than 20 ms as outliers. */
 	if (ca->ca_state == TCP_CA_Open) {
 		if (ca->max_rtt < ca->min_rtt)
 			ca->max_rtt = ca->min_rtt;
-		if (ca->max_rtt < srtt && srtt <= ca->max_rtt + 20)
-			ca->max_rtt = srtt;
+		if (ca->max_rtt < rtt && rtt <= ca->max_rtt + 20)
+			ca->max_rtt = rtt;
 	}
 }
 
@@ -137,7 +143,7 @@ void BPF_PROG(htcp_pkts_acked, struct sock *sk, const struct ack_sample *sample)
 	if (ca->ca_state == TCP_CA_Open)
 		ca->pkts_acked = acked;
 	if (sample->rtt_us > 0)
-		htcp_measure_rtt(sk, ca);
+		htcp_measure_rtt(ca, sample->rtt_us);
 	/* Achieved throughput, over about one window, outside loss recovery. */
 	if (ca->ca_state != TCP_CA_Open && ca->ca_state != TCP_CA_Disorder) {
 		ca->packetcount = 0;

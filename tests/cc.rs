@@ -208,13 +208,16 @@ fn run(lab: &Lab, cc: &str, channels: u16, seconds: f64) -> FlowResult {
     lab.run_flow(&FlowSpec::new(cc, channels, seconds)).unwrap()
 }
 
-/// What each congestion control's reference model says ssthresh / cwnd is after a loss at
-/// window `w`, with a tolerance for 10 ms sampling (the cwnd seen can be a sample old).
+/// What each congestion control's reference model says ssthresh / cwnd is after the loss of
+/// `red`, with a tolerance for 10 ms sampling (the cwnd seen can be a sample old).
 /// DMCTCP's is a decision: 1/2 (cut) or 1 (kept); the nearer one is returned.
-fn expected_ratio(cc: &str, w: f64, seen: f64) -> Option<(f64, f64)> {
+fn expected_ratio(cc: &str, red: &Reduction) -> Option<(f64, f64)> {
     let tol = 0.06;
+    let (w, seen) = (red.cwnd_before as f64, red.ratio());
+    let first_slow_start = red.ssthresh_before >= INFINITE_SSTHRESH;
     Some(match cc {
         "dmctcp" => (if seen < 0.75 { 0.5 } else { seen.max(1.0) }, tol),
+        "highspeed" if first_slow_start => (HighSpeed.on_first_slow_start_loss(w) / w, tol),
         "highspeed" => (HighSpeed.on_loss(w) / w, tol),
         "scalable" => (Scalable.on_loss(w) / w, tol),
         // A loss below the last maximum also moves w_max, not the ratio.
@@ -294,7 +297,7 @@ fn each_bundled_cc_fills_a_bottleneck_ten_times_and_cuts_as_its_model() {
                 goodput / 1e6
             );
             for red in reductions(&r.trace, channels as usize) {
-                if let Some((want, tol)) = expected_ratio(cc, red.cwnd_before as f64, red.ratio()) {
+                if let Some((want, tol)) = expected_ratio(cc, &red) {
                     ratios.push((red.ratio(), want, tol));
                 }
             }

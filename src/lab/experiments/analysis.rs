@@ -154,6 +154,9 @@ pub struct Reduction {
     pub cwnd_before: u64,
     /// ssthresh in the first sample in recovery (segments).
     pub ssthresh: u64,
+    /// ssthresh in the last sample before recovery: the kernel's "infinity" (2^31 − 1) when
+    /// this loss ended the channel's first slow start.
+    pub ssthresh_before: u64,
 }
 
 impl Reduction {
@@ -186,6 +189,7 @@ pub fn reductions(rows: &[TraceRow], channels: usize) -> Vec<Reduction> {
                     at: r.t,
                     cwnd_before: p.cwnd,
                     ssthresh: r.ssthresh,
+                    ssthresh_before: p.ssthresh,
                 });
             }
         }

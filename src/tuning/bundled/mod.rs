@@ -46,7 +46,7 @@ macro_rules! object {
 pub const BUNDLED: &[BundledCc] = &[
     BundledCc {
         name: "dmctcp",
-        summary: "Desynchronized Multi-Channel TCP: only the largest channel of a transfer cuts, at most once per RTT (seed 003 ch. 5)",
+        summary: "Desynchronized Multi-Channel TCP: only the largest channel of a transfer cuts, at most once per RTT (Cui 2013 ch. 5); paced, with a CUBIC-form growth curve for the group",
         object: object!("dmctcp"),
     },
     BundledCc {

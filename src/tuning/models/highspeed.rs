@@ -1,9 +1,12 @@
 //! HighSpeed TCP (RFC 3649), as Linux `tcp_highspeed.c`: AIMD whose increase a(w) and
-//! decrease b(w) come from the RFC's Appendix B table, indexed by the current window.
+//! decrease b(w) come from the RFC's Appendix B table, indexed by the current window. Linux
+//! moves its row only in congestion avoidance, so the loss that ends the first slow start
+//! halves the window ([`HighSpeed::on_first_slow_start_loss`]).
 //!
 //! Also the RFC's closed forms (b(w), p(w), a(w) and the response function
 //! w = 0.12/p^0.835), so the table can be tested against them and traces compared with either.
 
+use super::reno::reno_ssthresh;
 use super::{kernel_cwnd, WindowRules, MIN_SSTHRESH};
 
 /// One row of the Appendix B table, in the kernel's form.
@@ -157,6 +160,14 @@ pub fn rfc3649_response_window(p: f64) -> f64 {
 /// HighSpeed TCP with the kernel's table (stateless: the row follows the window).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HighSpeed;
+
+impl HighSpeed {
+    /// ssthresh after the loss that ends the first slow start: the row is still 0 (b = 1/2),
+    /// however large the window has grown.
+    pub fn on_first_slow_start_loss(&self, w: f64) -> f64 {
+        reno_ssthresh(w)
+    }
+}
 
 impl WindowRules for HighSpeed {
     fn name(&self) -> &'static str {
@@ -330,5 +341,15 @@ mod tests {
             let ratio = mean_w / rfc3649_response_window(p);
             assert!((ratio - 1.0).abs() < 0.08, "C={cap}: ratio {ratio}");
         }
+    }
+
+    #[test]
+    fn the_first_slow_start_ends_with_a_halving_whatever_the_window() {
+        // Row 0 until congestion avoidance: b = 1/2, where the table's b(5,000) is 62/256.
+        assert_eq!(HighSpeed.on_first_slow_start_loss(5000.0), 2500.0);
+        assert_eq!(
+            HighSpeed.on_loss(5000.0),
+            5000.0 - (5000.0 * 62.0 / 256.0f64).floor()
+        );
     }
 }
