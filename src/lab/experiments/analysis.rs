@@ -121,16 +121,17 @@ pub fn moving_average(series: &[(f64, f64)], window: f64) -> Vec<(f64, f64)> {
 /// Seconds after `start` until `second` first reaches `ratio` × `first` (seed 003 Fig. 5.8:
 /// the second connection's window reaches about 80 % of the first's). Both series are on
 /// the same time base; values of `first` are taken at the nearest earlier time. `None` if it
-/// never does.
+/// never does while `first` runs (after its last sample there is nothing to compare with).
 pub fn convergence_time(
     first: &[(f64, f64)],
     second: &[(f64, f64)],
     start: f64,
     ratio: f64,
 ) -> Option<f64> {
+    let first_end = first.last().map_or(f64::NEG_INFINITY, |&(t, _)| t);
     second
         .iter()
-        .filter(|(t, _)| *t >= start)
+        .filter(|(t, _)| *t >= start && *t <= first_end)
         .find(|&&(t, v)| {
             let reference = first
                 .iter()
@@ -319,6 +320,11 @@ mod tests {
         assert_eq!(convergence_time(&first, &second, 30.0, 0.8), Some(49.0));
         let never: Vec<(f64, f64)> = (30..100).map(|i| (i as f64, 1.0)).collect();
         assert_eq!(convergence_time(&first, &never, 30.0, 0.8), None);
+        // Reaching the first's last window after the first has ended is not converging.
+        let late: Vec<(f64, f64)> = (30..150)
+            .map(|i| (i as f64, (i / 100) as f64 * 90.0))
+            .collect();
+        assert_eq!(convergence_time(&first, &late, 30.0, 0.8), None);
         let smooth = moving_average(&[(0.0, 0.0), (1.0, 3.0), (2.0, 6.0)], 2.0);
         assert_eq!(smooth, vec![(0.0, 1.5), (1.0, 3.0), (2.0, 4.5)]);
     }
