@@ -165,8 +165,13 @@ pub fn choose_ccs(
     let catalog = CcCatalog::read().map_err(LabError::io("reading the congestion controls"))?;
     if let Some(list) = &opts.ccs {
         if let Some(missing) = list.iter().find(|c| !catalog.available.contains(c)) {
+            let fix = if crate::tuning::bundled::find(missing).is_some() {
+                format!(" (hsxfer bundles it: register it first with `sudo hsxfer cc load {missing} --pin`)")
+            } else {
+                String::new()
+            };
             return Err(LabError::Invalid(format!(
-                "congestion control '{missing}' is not available; available: {}",
+                "congestion control '{missing}' is not available; available: {}{fix}",
                 catalog.available.join(" ")
             )));
         }
