@@ -10,30 +10,44 @@ use super::wire::{ControlReader, ControlWriter};
 use crate::channels::control::Message;
 use crate::error::{Error, Result};
 
-/// How long an engine whose data channel broke waits for the peer's reason on the control
-/// connection: a peer that fails sends its abort and drops its data channels at once, and
-/// the reset of a channel can arrive first.
+/// How long an engine whose data channel broke waits for the real cause: a peer that fails
+/// sends its abort and drops its data channels at once, and the reset of a channel can
+/// arrive first; a channel of this end that fails drops its stream before its error is seen.
 const ABORT_GRACE: Duration = Duration::from_secs(2);
 
-/// A failure that looks like the peer vanishing becomes the peer's own reason when the
-/// control connection brings one (a full disk on the other end, say) within [`ABORT_GRACE`].
-async fn peer_reason<R: AsyncRead + Unpin>(e: Error, ctrl_r: &mut ControlReader<R>) -> Error {
+/// A failure that looks like the peer vanishing becomes the real cause when one shows up
+/// within [`ABORT_GRACE`]: a data channel of this end failing for a local reason (a full
+/// disk, say: the failing channel drops its stream, the peer closes the others, and their
+/// clean ends can be seen before the failure itself), or the peer's own reason on the
+/// control connection. A local cause comes first.
+async fn real_cause<R: AsyncRead + Unpin>(
+    e: Error,
+    ctrl_r: &mut ControlReader<R>,
+    tasks: &mut JoinSet<Result<()>>,
+) -> Error {
     if !matches!(e, Error::PeerVanished) {
         return e;
     }
-    let reason = async {
-        loop {
-            match ctrl_r.recv().await {
-                Ok(Some(Message::Abort { message })) => return Some(message),
-                Ok(Some(_)) => continue,
-                _ => return None,
-            }
+    let deadline = tokio::time::sleep(ABORT_GRACE);
+    tokio::pin!(deadline);
+    let (mut tasks_open, mut ctrl_open) = (true, true);
+    while tasks_open || ctrl_open {
+        tokio::select! {
+            biased;
+            r = tasks.join_next(), if tasks_open => match r.map(channel_ended) {
+                None => tasks_open = false,
+                Some(Ok(()) | Err(Error::PeerVanished)) => {}
+                Some(Err(local)) => return local,
+            },
+            m = ctrl_r.recv(), if ctrl_open => match m {
+                Ok(Some(Message::Abort { message })) => return Error::PeerAborted(message),
+                Ok(Some(_)) => {}
+                _ => ctrl_open = false,
+            },
+            _ = &mut deadline => break,
         }
-    };
-    match tokio::time::timeout(ABORT_GRACE, reason).await {
-        Ok(Some(message)) => Error::PeerAborted(message),
-        _ => e,
     }
+    e
 }
 
 /// The outcome of a finished data-channel task, as an error if it failed or panicked.
@@ -42,8 +56,8 @@ pub fn channel_ended(r: Result<Result<()>, JoinError>) -> Result<()> {
 }
 
 /// Ends an engine: on success waits for every channel task to finish cleanly; on failure
-/// gives the peer's own reason if it sent one ([`peer_reason`]), tells the peer why and
-/// stops the channels.
+/// finds the real cause if the failure looked like the peer vanishing ([`real_cause`]),
+/// tells the peer why and stops the channels.
 pub async fn conclude<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     result: Result<SideOutcome>,
     ctrl_r: &mut ControlReader<R>,
@@ -58,7 +72,7 @@ pub async fn conclude<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             Ok(out)
         }
         Err(e) => {
-            let e = peer_reason(e, ctrl_r).await;
+            let e = real_cause(e, ctrl_r, &mut tasks).await;
             ctrl_w.abort(&e).await;
             tasks.abort_all();
             Err(e)
