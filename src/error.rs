@@ -88,6 +88,9 @@ pub enum Error {
         /// The route toward the peer as `ip route get` shows it, or why it could not be had.
         route: io::Result<String>,
     },
+    /// A server could not be started over SSH.
+    #[error("{0}")]
+    Ssh(String),
     /// A step took too long.
     #[error("timed out {0}")]
     Timeout(&'static str),

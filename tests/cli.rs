@@ -625,3 +625,68 @@ fn a_receiver_killed_at_each_commit_step_ends_byte_identical_after_a_rerun() {
         assert_eq!(left, ["f"], "{step}: nothing left beside the file");
     }
 }
+
+#[test]
+fn a_one_shot_server_announces_itself_serves_one_copy_and_exits_when_its_input_closes() {
+    use std::io::{BufRead, BufReader};
+    let root = tempfile::tempdir().unwrap();
+    let start = || {
+        let mut child = Command::new(BIN)
+            .args(["serve", "--stdio", "--listen", "127.0.0.1", "--root"])
+            .arg(root.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let a = hsxfer::channels::oneshot::Announcement::parse(&line)
+            .unwrap()
+            .unwrap_or_else(|| panic!("not an announcement: {line}"));
+        (child, a)
+    };
+    let exits_soon = |child: &mut std::process::Child, why: &str| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while child.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "still running after {why}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+
+    // Nobody comes: closing its input ends it.
+    let (mut child, _) = start();
+    drop(child.stdin.take());
+    exits_soon(&mut child, "its input closed");
+
+    // One copy with the announced token, then it ends on its own.
+    let (mut child, a) = start();
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    fs::write(&token, &a.token).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&token, fs::Permissions::from_mode(0o600)).unwrap();
+    let src = dir.path().join("f");
+    random_file(&src, 100_000, 9);
+    let out = hsxfer(&[
+        "copy",
+        "--port",
+        &a.port.to_string(),
+        "--token-file",
+        token.to_str().unwrap(),
+        src.to_str().unwrap(),
+        "127.0.0.1:f",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        fs::read(&src).unwrap(),
+        fs::read(root.path().join("f")).unwrap()
+    );
+    exits_soon(&mut child, "its copy");
+}

@@ -11,6 +11,7 @@
 //! - [`blocks`]: the fixed block grid a file is cut into.
 //! - [`sender`] / [`receiver`]: what each side still owes, and when a file is verified.
 //! - [`journal`]: the receiver's restart journal of durable blocks.
+//! - [`oneshot`]: the line a one-shot server started over SSH announces itself with.
 //! - [`limits`]: the bounds every peer-sent count, size and duration is checked against.
 
 pub mod auth;
@@ -22,6 +23,7 @@ pub mod frame;
 pub mod journal;
 pub mod limits;
 pub mod manifest;
+pub mod oneshot;
 pub mod receiver;
 pub mod sender;
 pub mod telemetry;

@@ -15,11 +15,15 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::io::{Read, Write};
+
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use hsxfer::channels::control::Policy;
+use hsxfer::channels::oneshot::Announcement;
 use hsxfer::fsio::partial::CommitStep;
 use hsxfer::probe::{Direction as ProfileDirection, Fixed};
+use hsxfer::session::ssh::{OneShot, SshLaunch};
 use hsxfer::tuning::bdp::BufferChoice;
 use hsxfer::tuning::desync::{PaceChoice, StaggerChoice};
 use hsxfer::{
@@ -127,15 +131,17 @@ impl FaultArgs {
 
 #[derive(Args)]
 struct ServeArgs {
-    /// Directory to serve; nothing outside it can be read or written.
-    #[arg(long, value_name = "DIR")]
-    root: PathBuf,
-    /// Address to listen on (default: 0.0.0.0, or 127.0.0.1 with --no-auth).
+    /// Directory to serve; nothing outside it can be read or written (default with --stdio:
+    /// the current directory).
+    #[arg(long, value_name = "DIR", required_unless_present = "stdio")]
+    root: Option<PathBuf>,
+    /// Address to listen on (default: 0.0.0.0, or 127.0.0.1 with --no-auth; with --stdio,
+    /// the address the SSH connection came in on).
     #[arg(long, value_name = "ADDR")]
     listen: Option<IpAddr>,
-    /// TCP port for control and data channels.
-    #[arg(long, default_value_t = DEFAULT_PORT)]
-    port: u16,
+    /// TCP port for control and data channels (default: 7420; with --stdio, any free port).
+    #[arg(long)]
+    port: Option<u16>,
     /// Most sessions served at once; more are turned away with a message to retry.
     #[arg(long, value_name = "N", default_value_t = ServerLimits::default().sessions,
           value_parser = clap::value_parser!(u32).range(1..))]
@@ -144,6 +150,14 @@ struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = ServerLimits::default().sessions_per_address,
           value_parser = clap::value_parser!(u32).range(1..))]
     max_sessions_per_address: u32,
+    /// Exit when the first session that moves files (a push or a pull) ends.
+    #[arg(long)]
+    once: bool,
+    /// One-shot server for `copy --ssh`: make a one-time token, print the port and the token
+    /// on standard output, serve one copy (implies --once) and exit, or exit as soon as
+    /// standard input closes.
+    #[arg(long, conflicts_with_all = ["token_file", "no_auth"])]
+    stdio: bool,
     #[command(flatten)]
     auth: AuthArgs,
     #[command(flatten)]
@@ -209,7 +223,9 @@ struct TransferArgs {
 }
 
 impl TransferArgs {
-    fn options(&self) -> anyhow::Result<TransferOptions> {
+    /// The options; `remote` gives a one-shot server's port and token instead of --port and
+    /// the token options.
+    fn options(&self, remote: Option<&OneShot>) -> anyhow::Result<TransferOptions> {
         let block_size = match self.block_size {
             Some(b) => u32::try_from(b).context("block size too large")?,
             None => hsxfer::tuning::defaults::BLOCK_SIZE,
@@ -222,8 +238,11 @@ impl TransferArgs {
                 None => hsxfer::tuning::defaults::MAX_TUNED_CHANNELS,
             },
             block_size,
-            port: self.port,
-            auth: self.auth.auth()?,
+            port: remote.map_or(self.port, |r| r.port),
+            auth: match remote {
+                Some(r) => r.auth.clone(),
+                None => self.auth.auth()?,
+            },
             cc: self.cc.clone(),
             buffer: self.buffer,
             rate: self.rate.map_or(PathRate::Unknown, PathRate::Given),
@@ -266,8 +285,9 @@ impl TransferArgs {
         &self,
         host: &str,
         direction: ProfileDirection,
+        remote: Option<&OneShot>,
     ) -> anyhow::Result<(TransferOptions, tune::Profiled)> {
-        let mut opts = self.options()?;
+        let mut opts = self.options(remote)?;
         let p = tune::settle(
             self.tune,
             &mut opts,
@@ -328,8 +348,19 @@ struct CopyArgs {
     recursive: bool,
     #[command(flatten)]
     transfer: TransferArgs,
+    /// Start the server over SSH for this copy only (no daemon, no token file): runs
+    /// `hsxfer serve --once --stdio` on the remote host as [USER@]HOST's user; remote paths
+    /// are relative to that user's home, or absolute.
+    #[arg(long, conflicts_with_all = ["token_file", "no_auth", "port"])]
+    ssh: bool,
+    /// The SSH command and its options, split at spaces (e.g. "ssh -p 2222 -i KEY").
+    #[arg(long, value_name = "CMD", default_value = "ssh", requires = "ssh")]
+    ssh_command: String,
+    /// The hsxfer program on the remote host.
+    #[arg(long, value_name = "PATH", default_value = "hsxfer", requires = "ssh")]
+    remote_hsxfer: String,
     /// Sources, then the destination; remote ones are HOST:PATH (PATH relative to the
-    /// server root; HOST may be a name, an IPv4 address or [IPv6]).
+    /// server root; HOST may be a name, an IPv4 address or [IPv6]; [USER@]HOST with --ssh).
     #[arg(required = true, num_args = 2.., value_name = "SRC... DST")]
     operands: Vec<String>,
 }
@@ -357,6 +388,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     raise_open_files_limit();
     let default_level = match cli.command {
+        Command::Serve(ref a) if a.stdio => "warn",
         Command::Serve(_) => "info",
         _ => "warn",
     };
@@ -419,18 +451,27 @@ async fn run(cmd: Command) -> anyhow::Result<bool> {
 }
 
 async fn serve(a: ServeArgs) -> anyhow::Result<bool> {
-    let auth = a.auth.auth()?;
+    let root = a.root.clone().unwrap_or_else(|| PathBuf::from("."));
+    let (auth, announce) = if a.stdio {
+        let token = hsxfer::session::token::one_time();
+        (Auth::Token(token.clone().into_bytes()), Some(token))
+    } else {
+        (a.auth.auth()?, None)
+    };
     if let Some(t) = &a.auth.token_file {
-        hsxfer::session::token::check_outside(t, &a.root)?;
+        hsxfer::session::token::check_outside(t, &root)?;
     }
-    let ip = a.listen.unwrap_or(if auth == Auth::NoAuth {
+    let ip = a.listen.unwrap_or(if a.stdio {
+        ssh_server_address().unwrap_or(IpAddr::from([0, 0, 0, 0]))
+    } else if auth == Auth::NoAuth {
         IpAddr::from([127, 0, 0, 1])
     } else {
         IpAddr::from([0, 0, 0, 0])
     });
+    let port = a.port.unwrap_or(if a.stdio { 0 } else { DEFAULT_PORT });
     let server = Server::bind(ServerConfig {
-        root: a.root.clone(),
-        listen: SocketAddr::new(ip, a.port),
+        root: root.clone(),
+        listen: SocketAddr::new(ip, port),
         auth,
         faults: a.faults.faults(),
         limits: ServerLimits {
@@ -440,27 +481,72 @@ async fn serve(a: ServeArgs) -> anyhow::Result<bool> {
         },
     })
     .await?;
-    tracing::info!("serving {} on {}", a.root.display(), server.local_addr());
+    tracing::info!("serving {} on {}", root.display(), server.local_addr());
+    let Some(token) = announce else {
+        tokio::select! {
+            r = async { if a.once { server.run_once().await } else { server.run().await } } => r?,
+            _ = tokio::signal::ctrl_c() => tracing::info!("interrupted, stopping"),
+        }
+        return Ok(true);
+    };
+    let line = Announcement {
+        port: server.local_addr().port(),
+        token,
+    };
+    println!("{line}");
+    std::io::stdout().flush()?;
+    // The client holds the SSH channel open for the whole copy: its end means the client is
+    // gone, and nothing must stay running. A plain thread reads it: a read on tokio's
+    // blocking pool cannot be cancelled and would hold the process at exit.
+    let (eof_tx, closed) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        let mut sink = [0u8; 256];
+        while matches!(std::io::stdin().read(&mut sink), Ok(n) if n > 0) {}
+        let _ = eof_tx.send(());
+    });
     tokio::select! {
-        r = server.run() => r?,
+        r = server.run_once() => r?,
+        _ = closed => tracing::info!("the ssh channel closed, stopping"),
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupted, stopping"),
     }
     Ok(true)
 }
 
+/// The address an SSH client reached this host on (`SSH_CONNECTION`'s third field): where
+/// a one-shot server listens, so its client can reach it the same way.
+fn ssh_server_address() -> Option<IpAddr> {
+    let conn = std::env::var("SSH_CONNECTION").ok()?;
+    conn.split_whitespace().nth(2)?.parse().ok()
+}
+
 async fn copy(a: CopyArgs) -> anyhow::Result<bool> {
     let mode = a.transfer.mode();
     let (interval, trace) = (a.transfer.interval, a.transfer.trace.clone());
-    let dir = operands::direction(&a.operands).map_err(anyhow::Error::msg)?;
-    let (op, host, way) = match &dir {
+    let mut dir = operands::direction(&a.operands).map_err(anyhow::Error::msg)?;
+    let (op, target, way) = match &dir {
         Direction::Push { host, .. } => ("push", host.clone(), ProfileDirection::Push),
         Direction::Pull { host, .. } => ("pull", host.clone(), ProfileDirection::Pull),
+    };
+    let remote = if a.ssh {
+        let root = operands::ssh_root(&mut dir).map_err(anyhow::Error::msg)?;
+        let launch = SshLaunch {
+            command: a.ssh_command.split_whitespace().map(String::from).collect(),
+            remote_hsxfer: a.remote_hsxfer.clone(),
+        };
+        Some(launch.start(&target, root).await?)
+    } else {
+        None
+    };
+    // With --ssh the operand may name a user: connect to the host alone.
+    let host = match a.ssh {
+        true => target.rsplit_once('@').map_or(target.as_str(), |(_, h)| h),
+        false => &target,
     };
     let host = host
         .trim_start_matches('[')
         .trim_end_matches(']')
         .to_string();
-    let (opts, profiled) = a.transfer.settled(&host, way).await?;
+    let (opts, profiled) = a.transfer.settled(&host, way, remote.as_ref()).await?;
     output::start(mode, op, &host, opts.channels, opts.block_size);
     let live = Arc::new(LiveStats::new(opts.channels as usize));
     let client = Client::new(&host, opts);
@@ -475,6 +561,9 @@ async fn copy(a: CopyArgs) -> anyhow::Result<bool> {
         }
     };
     display.finish().await?;
+    if let Some(r) = remote {
+        r.finish().await;
+    }
     let report = result?;
     profiled.learn(&report);
     finish(mode, report)
@@ -496,7 +585,7 @@ async fn bench(a: BenchArgs) -> anyhow::Result<bool> {
         .trim_start_matches('[')
         .trim_end_matches(']')
         .to_string();
-    let (opts, profiled) = a.transfer.settled(&host, way).await?;
+    let (opts, profiled) = a.transfer.settled(&host, way, None).await?;
     output::start(mode, "bench", &a.host, opts.channels, opts.block_size);
     let live = Arc::new(LiveStats::new(opts.channels as usize));
     let client = Client::new(&a.host, opts);

@@ -114,12 +114,55 @@ pub fn direction(operands: &[String]) -> Result<Direction, String> {
     }
 }
 
+/// For `copy --ssh`: the one-shot server's root, `/` when every remote path is absolute
+/// (they become relative to it) or `.` (the remote user's home) when none is.
+pub fn ssh_root(dir: &mut Direction) -> Result<&'static str, String> {
+    let paths: Vec<&mut String> = match dir {
+        Direction::Push { dest, .. } => vec![dest],
+        Direction::Pull { sources, .. } => sources.iter_mut().collect(),
+    };
+    let absolute = paths.iter().filter(|p| p.starts_with('/')).count();
+    if absolute == 0 {
+        return Ok(".");
+    }
+    if absolute < paths.len() {
+        return Err(
+            "with --ssh, remote paths must be all absolute or all relative to the home directory"
+                .into(),
+        );
+    }
+    for p in paths {
+        let rel = p.trim_start_matches('/');
+        *p = if rel.is_empty() {
+            ".".into()
+        } else {
+            rel.into()
+        };
+    }
+    Ok("/")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn v(a: &[&str]) -> Vec<String> {
         a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn ssh_roots() {
+        let mut d = direction(&v(&["a", "h:/data/x"])).unwrap();
+        assert_eq!(ssh_root(&mut d), Ok("/"));
+        assert!(matches!(&d, Direction::Push { dest, .. } if dest == "data/x"));
+        let mut d = direction(&v(&["a", "u@h:"])).unwrap();
+        assert_eq!(ssh_root(&mut d), Ok("."));
+        assert!(matches!(&d, Direction::Push { dest, host, .. } if dest == "." && host == "u@h"));
+        let mut d = direction(&v(&["h:/", "b"])).unwrap();
+        assert_eq!(ssh_root(&mut d), Ok("/"));
+        assert!(matches!(&d, Direction::Pull { sources, .. } if sources == &v(&["."])));
+        let mut d = direction(&v(&["h:/x", "h:y", "b"])).unwrap();
+        assert!(ssh_root(&mut d).unwrap_err().contains("all absolute"));
     }
 
     #[test]

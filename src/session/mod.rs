@@ -14,6 +14,7 @@ pub mod sampler;
 pub mod sender;
 pub mod server;
 pub mod source;
+pub mod ssh;
 pub mod telemetry;
 pub mod token;
 pub mod tuning;

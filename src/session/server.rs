@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 
 use super::admission::{Admission, ServerLimits, Ticket};
 use super::growth::{Arrivals, Growth, Joiner, Reserve, Setup};
@@ -97,6 +97,17 @@ struct State {
     faults: FaultInjection,
     admission: Admission,
     pending: Mutex<HashMap<SessionId, Pending>>,
+    /// Told when a session that moved files (a push or a pull) ends, for [`Server::run_once`].
+    transfer_ended: Notify,
+}
+
+/// Tells [`State::transfer_ended`] when dropped, however the session ends.
+struct TransferSession<'a>(&'a State);
+
+impl Drop for TransferSession<'_> {
+    fn drop(&mut self) {
+        self.0.transfer_ended.notify_one();
+    }
 }
 
 /// A bound server; [`Server::run`] serves until the task is dropped.
@@ -127,6 +138,7 @@ impl Server {
                 faults: cfg.faults,
                 admission: Admission::new(cfg.limits),
                 pending: Mutex::new(HashMap::new()),
+                transfer_ended: Notify::new(),
             }),
         })
     }
@@ -134,6 +146,17 @@ impl Server {
     /// The bound address (useful with port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.listener.local_addr().expect("bound listener")
+    }
+
+    /// Serves until the first session that moves files (a push or a pull) ends, however it
+    /// ends: the one-shot server a client starts over SSH. Sessions that only measure (a
+    /// probe's benches) may come before it.
+    pub async fn run_once(self) -> Result<()> {
+        let state = self.state.clone();
+        tokio::select! {
+            r = self.run() => r,
+            _ = state.transfer_ended.notified() => Ok(()),
+        }
     }
 
     /// Accepts connections forever.
@@ -265,6 +288,8 @@ async fn control(
             }
         }
     };
+    let _transfer = matches!(req.op, Operation::Push { .. } | Operation::Pull { .. })
+        .then(|| TransferSession(&state));
     // Check everything that can be checked before any data channel is opened.
     let prepared = prepare_role(&state, &req).await.and_then(|role| {
         let (side, tuner) = match role {

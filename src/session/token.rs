@@ -39,6 +39,11 @@ pub fn read(path: &Path) -> Result<Vec<u8>> {
     Ok(token)
 }
 
+/// A new random token for one session, in hex (what a one-shot server announces).
+pub fn one_time() -> String {
+    hex::encode(rand::random::<[u8; NEW_TOKEN_BYTES]>())
+}
+
 /// Writes a new random token to `path` (which must not exist), readable by its owner only.
 ///
 /// # Examples
