@@ -3,12 +3,18 @@
 //! Peer-supplied paths are checked lexically first ([`check_relative`]: no `..`, not
 //! absolute), then the deepest existing ancestor is canonicalized and must stay inside the
 //! canonical root, so a symlink inside the root cannot lead outside it. New files are
-//! created with `O_NOFOLLOW` under names the server picks. (A concurrent local attacker who
-//! swaps directories for symlinks between check and use is out of scope; `openat2` with
-//! `RESOLVE_BENEATH` would close that race.)
+//! created with `O_NOFOLLOW` under names the server picks. What a server reads is opened
+//! with `openat2(RESOLVE_BENEATH)` from the root ([`Scope::open`]), so a directory swapped for
+//! a symlink after the check cannot lead it out; the walk below goes by descriptors
+//! ([`crate::fsio::source`]).
 
+use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+
+use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
 
 use crate::channels::manifest::{check_relative, PathError};
 
@@ -68,6 +74,37 @@ impl Scope {
                 Ok(p)
             }
         }
+    }
+
+    /// Opens `p`, a path this scope resolved, for reading (or listing, if a directory) without
+    /// blocking on a FIFO. A confined scope opens it with `openat2(RESOLVE_BENEATH |
+    /// RESOLVE_NO_MAGICLINKS)` from the root: symlinks are followed only while they stay
+    /// below it, whatever was swapped since the path was checked.
+    pub fn open(&self, p: &Path) -> io::Result<File> {
+        let Scope::Confined(root) = self else {
+            return OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(p);
+        };
+        let rel = p.strip_prefix(root).map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("{} is outside the server root", p.display()),
+            )
+        })?;
+        let rel = if rel.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            rel
+        };
+        let dir = File::open(root)?;
+        let how = OpenHow::new()
+            .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)
+            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+        let fd = openat2(dir.as_raw_fd(), rel, how)?;
+        // SAFETY: openat2 returned a new descriptor that nothing else owns.
+        Ok(unsafe { File::from_raw_fd(fd) })
     }
 
     /// Rewrites a message for a peer so that it names paths relative to the root instead of
@@ -136,5 +173,25 @@ mod tests {
             canon.display()
         );
         assert_eq!(s.hide_root(&msg), "d/x: no such file; root .");
+    }
+
+    #[test]
+    fn opening_follows_symlinks_only_while_they_stay_below_the_root() {
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret"), b"x").unwrap();
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("d")).unwrap();
+        std::fs::write(root.path().join("d/f"), b"y").unwrap();
+        let s = Scope::confined(root.path()).unwrap();
+        let canon = root.path().canonicalize().unwrap();
+        assert!(s.open(&canon.join("d/f")).is_ok());
+        assert!(s.open(&canon).unwrap().metadata().unwrap().is_dir());
+        // `d` passed the check, then became a link out of the root.
+        std::fs::rename(canon.join("d"), canon.join("d.old")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), canon.join("d")).unwrap();
+        std::fs::write(outside.path().join("f"), b"z").unwrap();
+        let e = s.open(&canon.join("d/f")).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EXDEV), "{e}");
+        assert!(s.open(Path::new("/etc/passwd")).is_err());
     }
 }

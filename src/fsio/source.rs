@@ -1,12 +1,20 @@
 //! The sending side's files: walking sources into a manifest and reading blocks.
 
 use std::collections::HashMap;
-use std::fs::{self, File, Metadata};
+use std::ffi::OsStr;
+use std::fs::{File, Metadata, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use nix::dir::Dir;
+use nix::fcntl::{openat, AtFlags, OFlag};
+use nix::sys::stat::{fstatat, FileStat, Mode};
+
 use super::partial::is_reserved_name;
+use super::root::Scope;
 use crate::channels::manifest::{Entry, EntryKind};
 
 /// Why a source could not be listed.
@@ -37,6 +45,10 @@ pub enum SourceError {
     },
 }
 
+fn nix_err(path: &Path) -> impl FnOnce(nix::Error) -> SourceError + '_ {
+    move |e| io_err(path)(io::Error::from(e))
+}
+
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> SourceError + '_ {
     move |source| {
         if source.kind() == io::ErrorKind::NotFound {
@@ -50,24 +62,81 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> SourceError + '_ {
     }
 }
 
+/// Where a listed file lives, and which file it was when listed: blocks are read only from
+/// that very file (same device and inode), never from one swapped in under its name.
+#[derive(Debug)]
+pub struct SourceFile {
+    /// The path it was listed under.
+    pub path: PathBuf,
+    /// A source named on the command line may be a symlink (followed, as `cp` does); files
+    /// inside trees are opened with `O_NOFOLLOW`.
+    follow: bool,
+    dev: u64,
+    ino: u64,
+}
+
+/// What the walk needs of a file's status, from `fstat` or `fstatat`.
+struct Stat {
+    dir: bool,
+    file: bool,
+    len: u64,
+    mode: u32,
+    mtime_ns: i64,
+    dev: u64,
+    ino: u64,
+}
+
+impl From<&Metadata> for Stat {
+    fn from(m: &Metadata) -> Self {
+        Stat {
+            dir: m.is_dir(),
+            file: m.is_file(),
+            len: m.len(),
+            mode: m.mode(),
+            mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+            dev: m.dev(),
+            ino: m.ino(),
+        }
+    }
+}
+
+impl From<&FileStat> for Stat {
+    fn from(m: &FileStat) -> Self {
+        let kind = m.st_mode & libc::S_IFMT;
+        Stat {
+            dir: kind == libc::S_IFDIR,
+            file: kind == libc::S_IFREG,
+            len: m.st_size as u64,
+            mode: m.st_mode,
+            mtime_ns: m.st_mtime * 1_000_000_000 + m.st_mtime_nsec,
+            dev: m.st_dev,
+            ino: m.st_ino,
+        }
+    }
+}
+
 /// A walked set of sources: the manifest and where each file lives.
 #[derive(Debug, Default)]
 pub struct SourceTree {
     /// Directories before their contents, files with sizes; ids are indices.
     pub entries: Vec<Entry>,
-    paths: HashMap<u32, PathBuf>,
+    files: HashMap<u32, SourceFile>,
     /// Entries inside trees that were passed over (symlinks, sockets, devices).
     pub passed_over: Vec<String>,
 }
 
 impl SourceTree {
-    /// Walks `sources`. Each top-level source becomes an entry named after its last path
-    /// component; directories are only entered with `recursive`. Command-line symlinks are
-    /// followed (as `cp` does); symlinks inside trees are passed over, never followed.
-    pub fn walk(sources: &[PathBuf], recursive: bool) -> Result<Self, SourceError> {
+    /// Walks `sources` (paths `scope` resolved). Each top-level source becomes an entry named
+    /// after its last path component; directories are only entered with `recursive`.
+    /// Command-line symlinks are followed (as `cp` does; in a confined scope only while they
+    /// stay below the root); symlinks inside trees are passed over, never followed. The walk
+    /// goes by descriptors: each directory is opened with `O_NOFOLLOW` relative to its
+    /// parent's, so a directory swapped for a symlink while it runs cannot lead it elsewhere.
+    pub fn walk(scope: &Scope, sources: &[PathBuf], recursive: bool) -> Result<Self, SourceError> {
         let mut tree = SourceTree::default();
         for src in sources {
-            let meta = fs::metadata(src).map_err(io_err(src))?;
+            let f = scope.open(src).map_err(io_err(src))?;
+            let meta = f.metadata().map_err(io_err(src))?;
             let name = top_level_name(src)?;
             if is_reserved_name(&name) {
                 return Err(SourceError::Reserved(src.display().to_string()));
@@ -75,57 +144,94 @@ impl SourceTree {
             if meta.is_dir() && !recursive {
                 return Err(SourceError::IsDirectory(src.display().to_string()));
             }
-            tree.add(src, name, &meta)?;
+            let dir = meta.is_dir().then(|| OwnedFd::from(f));
+            tree.add(src, name, &Stat::from(&meta), dir, true)?;
         }
         Ok(tree)
     }
 
-    fn add(&mut self, path: &Path, rel: String, meta: &Metadata) -> Result<(), SourceError> {
+    /// Adds one entry; `dir` is the open directory to list when it is one.
+    fn add(
+        &mut self,
+        path: &Path,
+        rel: String,
+        st: &Stat,
+        dir: Option<OwnedFd>,
+        follow: bool,
+    ) -> Result<(), SourceError> {
         let id = self.entries.len() as u32;
-        let kind = if meta.is_dir() {
+        let kind = if st.dir {
             EntryKind::Dir
-        } else if meta.is_file() {
-            EntryKind::File { size: meta.len() }
+        } else if st.file {
+            EntryKind::File { size: st.len }
         } else {
             return Err(SourceError::Special(path.display().to_string()));
         };
         self.entries.push(Entry {
             id,
             path: rel.clone(),
-            mode: meta.mode() & 0o7777,
-            mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+            mode: st.mode & 0o7777,
+            mtime_ns: st.mtime_ns,
             kind,
         });
-        if kind == EntryKind::Dir {
-            let mut children: Vec<_> = fs::read_dir(path)
-                .map_err(io_err(path))?
-                .collect::<Result<_, _>>()
-                .map_err(io_err(path))?;
-            children.sort_by_key(|c| c.file_name());
-            for c in children {
-                let cpath = c.path();
-                let cmeta = fs::symlink_metadata(&cpath).map_err(io_err(&cpath))?;
-                let Some(cname) = c.file_name().to_str().map(str::to_owned) else {
-                    return Err(SourceError::NotUtf8(cpath.display().to_string()));
-                };
-                if is_reserved_name(&cname) {
-                    return Err(SourceError::Reserved(cpath.display().to_string()));
-                }
-                if cmeta.is_dir() || cmeta.is_file() {
-                    self.add(&cpath, format!("{rel}/{cname}"), &cmeta)?;
-                } else {
-                    self.passed_over.push(cpath.display().to_string());
-                }
+        let Some(dir) = dir else {
+            self.files.insert(
+                id,
+                SourceFile {
+                    path: path.to_path_buf(),
+                    follow,
+                    dev: st.dev,
+                    ino: st.ino,
+                },
+            );
+            return Ok(());
+        };
+        let mut listing = Dir::from_fd(dir.into_raw_fd()).map_err(nix_err(path))?;
+        let mut names: Vec<std::ffi::CString> = Vec::new();
+        for e in listing.iter() {
+            let e = e.map_err(nix_err(path))?;
+            let n = e.file_name();
+            if n.to_bytes() != b"." && n.to_bytes() != b".." {
+                names.push(n.to_owned());
             }
-        } else {
-            self.paths.insert(id, path.to_path_buf());
+        }
+        names.sort();
+        let at = listing.as_raw_fd();
+        for n in names {
+            let cpath = path.join(OsStr::from_bytes(n.to_bytes()));
+            let Ok(cname) = n.to_str().map(str::to_owned) else {
+                return Err(SourceError::NotUtf8(cpath.display().to_string()));
+            };
+            if is_reserved_name(&cname) {
+                return Err(SourceError::Reserved(cpath.display().to_string()));
+            }
+            let cst = fstatat(Some(at), n.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+                .map_err(nix_err(&cpath))?;
+            let cst = Stat::from(&cst);
+            let crel = format!("{rel}/{cname}");
+            if cst.dir {
+                let flags =
+                    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+                let fd = openat(Some(at), n.as_c_str(), flags, Mode::empty())
+                    .map_err(nix_err(&cpath))?;
+                // SAFETY: openat returned a new descriptor that nothing else owns.
+                let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+                let st = File::from(fd.try_clone().map_err(io_err(&cpath))?)
+                    .metadata()
+                    .map_err(io_err(&cpath))?;
+                self.add(&cpath, crel, &Stat::from(&st), Some(fd), false)?;
+            } else if cst.file {
+                self.add(&cpath, crel, &cst, None, false)?;
+            } else {
+                self.passed_over.push(cpath.display().to_string());
+            }
         }
         Ok(())
     }
 
     /// Where file `id` lives.
-    pub fn path_of(&self, id: u32) -> Option<&Path> {
-        self.paths.get(&id).map(PathBuf::as_path)
+    pub fn file(&self, id: u32) -> Option<&SourceFile> {
+        self.files.get(&id)
     }
 
     /// Total bytes of all files.
@@ -154,17 +260,29 @@ fn top_level_name(src: &Path) -> Result<String, SourceError> {
         .map_err(|_| SourceError::NotUtf8(src.display().to_string()))
 }
 
-/// Reads `len` bytes at `offset` of the file at `path` into `buf` (resized to `len`; reusing
-/// one buffer per channel avoids faulting in fresh memory for every block). A short read means
-/// the file shrank after it was listed.
-pub fn read_block(path: &Path, offset: u64, len: u32, buf: &mut Vec<u8>) -> io::Result<()> {
-    let f = File::open(path)?;
+/// Reads `len` bytes at `offset` of `src` into `buf` (resized to `len`; reusing one buffer
+/// per channel avoids faulting in fresh memory for every block). A short read means the file
+/// shrank after it was listed; a file that is no longer the one listed (another device or
+/// inode under its name) is refused.
+pub fn read_block(src: &SourceFile, offset: u64, len: u32, buf: &mut Vec<u8>) -> io::Result<()> {
+    let nofollow = if src.follow { 0 } else { libc::O_NOFOLLOW };
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(nofollow | libc::O_NONBLOCK)
+        .open(&src.path)?;
+    let m = f.metadata()?;
+    if (m.dev(), m.ino()) != (src.dev, src.ino) {
+        return Err(io::Error::other(format!(
+            "{} was replaced while it was being sent (it is no longer the file listed)",
+            src.path.display()
+        )));
+    }
     buf.resize(len as usize, 0);
     f.read_exact_at(buf, offset).map_err(|e| {
         if e.kind() == io::ErrorKind::UnexpectedEof {
             io::Error::new(
                 e.kind(),
-                format!("{} shrank while it was being sent", path.display()),
+                format!("{} shrank while it was being sent", src.path.display()),
             )
         } else {
             e
@@ -175,6 +293,7 @@ pub fn read_block(path: &Path, offset: u64, len: u32, buf: &mut Vec<u8>) -> io::
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn walks_dirs_before_contents_and_passes_over_symlinks() {
@@ -184,7 +303,7 @@ mod tests {
         fs::write(top.join("sub/a"), b"abc").unwrap();
         fs::write(top.join("b"), b"").unwrap();
         std::os::unix::fs::symlink("/etc/passwd", top.join("link")).unwrap();
-        let tree = SourceTree::walk(std::slice::from_ref(&top), true).unwrap();
+        let tree = SourceTree::walk(&Scope::Local, std::slice::from_ref(&top), true).unwrap();
         let paths: Vec<_> = tree.entries.iter().map(|e| e.path.as_str()).collect();
         assert_eq!(
             paths,
@@ -193,16 +312,53 @@ mod tests {
         assert_eq!(tree.total_bytes(), 3);
         assert_eq!(tree.passed_over.len(), 1);
         assert!(matches!(
-            SourceTree::walk(std::slice::from_ref(&top), false),
+            SourceTree::walk(&Scope::Local, std::slice::from_ref(&top), false),
             Err(SourceError::IsDirectory(_))
         ));
         assert!(matches!(
-            SourceTree::walk(&[top.join("nope")], false),
+            SourceTree::walk(&Scope::Local, &[top.join("nope")], false),
             Err(SourceError::Missing(_))
         ));
         let mut buf = vec![9; 10];
-        read_block(&top.join("sub/a"), 1, 2, &mut buf).unwrap();
+        let a = tree.file(3).unwrap();
+        assert_eq!(a.path, top.join("sub/a"));
+        read_block(a, 1, 2, &mut buf).unwrap();
         assert_eq!(buf, b"bc");
-        assert!(read_block(&top.join("sub/a"), 2, 2, &mut buf).is_err());
+        assert!(read_block(a, 2, 2, &mut buf).is_err());
+    }
+
+    #[test]
+    fn a_file_or_directory_swapped_after_the_walk_is_not_read() {
+        let outside = tempfile::tempdir().unwrap();
+        fs::create_dir(outside.path().join("sub")).unwrap();
+        fs::write(outside.path().join("sub/a"), b"secret").unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let scope = Scope::confined(root.path()).unwrap();
+        let top = root.path().canonicalize().unwrap().join("top");
+        fs::create_dir_all(top.join("sub")).unwrap();
+        fs::write(top.join("sub/a"), b"public").unwrap();
+        fs::write(top.join("b"), b"public").unwrap();
+        let tree = SourceTree::walk(&scope, std::slice::from_ref(&top), true).unwrap();
+        let (b, a) = (tree.file(1).unwrap(), tree.file(3).unwrap());
+        let mut buf = Vec::new();
+        // The directory becomes a link out of the root; the file becomes a link to a file
+        // outside; then a regular file replaces it.
+        fs::rename(top.join("sub"), top.join("sub.old")).unwrap();
+        std::os::unix::fs::symlink(outside.path().join("sub"), top.join("sub")).unwrap();
+        let e = read_block(a, 0, 6, &mut buf).unwrap_err();
+        assert!(e.to_string().contains("was replaced"), "{e}");
+        fs::remove_file(top.join("b")).unwrap();
+        std::os::unix::fs::symlink(outside.path().join("sub/a"), top.join("b")).unwrap();
+        assert_eq!(
+            read_block(b, 0, 6, &mut buf).unwrap_err().raw_os_error(),
+            Some(libc::ELOOP)
+        );
+        fs::remove_file(top.join("b")).unwrap();
+        fs::write(top.join("b"), b"other!").unwrap();
+        assert!(read_block(b, 0, 6, &mut buf).is_err());
+        // A source named through a link that leaves the root is not even opened.
+        let link = top.parent().unwrap().join("out");
+        std::os::unix::fs::symlink(outside.path(), &link).unwrap();
+        assert!(SourceTree::walk(&scope, &[link.join("sub")], true).is_err());
     }
 }

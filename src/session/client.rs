@@ -224,7 +224,7 @@ impl Client {
         dest: &str,
         live: &Arc<LiveStats>,
     ) -> Result<TransferReport> {
-        let tree = SourceTree::walk(sources, recursive)?;
+        let tree = SourceTree::walk(&Scope::Local, sources, recursive)?;
         for p in &tree.passed_over {
             tracing::warn!("passed over {p}: not a regular file or directory");
         }

@@ -515,10 +515,11 @@ async fn prepare_role(state: &State, req: &Request) -> Result<Role> {
                     paths.push(p);
                 }
             }
-            let recursive = *recursive;
-            let tree = tokio::task::spawn_blocking(move || SourceTree::walk(&paths, recursive))
-                .await
-                .map_err(|e| Error::Malformed(format!("listing the sources failed: {e}")))??;
+            let (recursive, scope) = (*recursive, state.scope.clone());
+            let tree =
+                tokio::task::spawn_blocking(move || SourceTree::walk(&scope, &paths, recursive))
+                    .await
+                    .map_err(|e| Error::Malformed(format!("listing the sources failed: {e}")))??;
             Role::Send(SendSource::tree(tree))
         }
         Operation::Bench {

@@ -84,9 +84,9 @@ pub async fn read_file_block(
     mut buf: Vec<u8>,
 ) -> (Vec<u8>, Result<()>) {
     let joined = tokio::task::spawn_blocking(move || {
-        let r = match tree.path_of(file) {
-            Some(path) => read_block(path, offset, len, &mut buf)
-                .map_err(Error::io(format!("reading {}", path.display()))),
+        let r = match tree.file(file) {
+            Some(src) => read_block(src, offset, len, &mut buf)
+                .map_err(Error::io(format!("reading {}", src.path.display()))),
             None => Err(Error::Malformed(format!("unknown file {file}"))),
         };
         (buf, r)
