@@ -11,6 +11,7 @@ use std::io;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
+use super::at;
 use super::partial::is_reserved_name;
 use super::root::{RootError, Scope};
 use crate::channels::manifest::check_relative;
@@ -169,23 +170,36 @@ impl Destination {
         Ok(p)
     }
 
-    /// Creates directory `path` if missing (mode is applied later, after its contents).
+    /// Creates directory `path` if missing (mode is applied later, after its contents), in
+    /// its parent opened through the scope.
     pub fn make_dir(&self, path: &Path) -> Result<(), DestError> {
         if matches!(self.layout, Layout::Stream(_)) {
             return Err(DestError::StreamNeedsOneFile(path.display().to_string()));
         }
-        match fs::symlink_metadata(path) {
-            Ok(m) if m.is_dir() => Ok(()),
-            Ok(m) if m.file_type().is_symlink() && path.is_dir() => {
+        let (Some(parent), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str()))
+        else {
+            return Err(DestError::KindClash(path.display().to_string()));
+        };
+        let parent = if parent.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            parent
+        };
+        let dir = self.scope.open_dir(parent, true).map_err(io_err(path))?;
+        match at::stat(&dir, name).map_err(io_err(path))? {
+            Some(m) if at::is_dir(&m) => Ok(()),
+            Some(m) if m.st_mode & libc::S_IFMT == libc::S_IFLNK && path.is_dir() => {
                 self.scope.check_inside(path)?;
                 Ok(())
             }
-            Ok(_) => Err(DestError::KindClash(path.display().to_string())),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                fs::create_dir(path).map_err(io_err(path))
-            }
-            Err(e) => Err(io_err(path)(e)),
+            Some(_) => Err(DestError::KindClash(path.display().to_string())),
+            None => at::mkdir(&dir, name).map_err(io_err(path)),
         }
+    }
+
+    /// The scope paths are confined to.
+    pub fn scope(&self) -> &Scope {
+        &self.scope
     }
 }
 

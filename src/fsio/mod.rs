@@ -2,6 +2,7 @@
 //! resolving `cp`-style destinations, writing partial files with a restart journal, and the
 //! saved path profiles of `hsxfer probe`.
 
+pub mod at;
 pub mod dest;
 pub mod partial;
 pub mod profiles;

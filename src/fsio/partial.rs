@@ -12,16 +12,19 @@
 //! destination cannot write, or commit, each other's bytes: the second is refused.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File, OpenOptions, Permissions};
+use std::fs::{File, OpenOptions, Permissions};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::{ns_to_system_time, system_time_to_ns};
+use nix::fcntl::OFlag;
+
+use super::root::Scope;
+use super::{at, ns_to_system_time};
 use crate::channels::frame::{BlockCheck, DigestKey};
 use crate::channels::journal::{self, JournalHeader};
 use crate::channels::{blocks, Digest};
@@ -128,58 +131,92 @@ struct Journal {
 /// A file being received under a temporary name.
 pub struct PartialFile {
     file: File,
-    part: PathBuf,
-    journal_path: Option<PathBuf>,
+    place: Place,
     journal: Option<Mutex<Journal>>,
-    target: PathBuf,
+    journaled: bool,
     meta: FileMeta,
     block_size: u32,
     committed: AtomicBool,
 }
 
-fn sibling(target: &Path, suffix: &str) -> PathBuf {
-    let name = target
-        .file_name()
-        .map(|n| n.to_string_lossy())
-        .unwrap_or_default();
-    target.with_file_name(format!(".{name}.{suffix}"))
+/// Where a target and its temporary files live: every step opens the directory afresh
+/// through the scope (below the root, when confined) and works on the names inside it
+/// ([`super::at`]), so no path a local user swaps can lead a step elsewhere.
+struct Place {
+    scope: Scope,
+    parent: PathBuf,
+    name: String,
+    target: PathBuf,
+}
+
+impl Place {
+    fn of(scope: &Scope, target: &Path) -> io::Result<Place> {
+        let name = target.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} has no file name", target.display()),
+            )
+        })?;
+        let parent = match target.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        Ok(Place {
+            scope: scope.clone(),
+            parent,
+            name: name.to_string(),
+            target: target.to_path_buf(),
+        })
+    }
+
+    fn dir(&self) -> io::Result<File> {
+        self.scope.open_dir(&self.parent, true)
+    }
+
+    fn sibling(&self, suffix: &str) -> String {
+        sibling_name(&self.name, suffix)
+    }
+}
+
+fn sibling_name(name: &str, suffix: &str) -> String {
+    format!(".{name}.{suffix}")
 }
 
 /// Decides whether `target` needs this file and opens (or resumes) its partial file. Blocks
 /// a journal lists are trusted only if their bytes still hash to the journaled digest under
 /// `key`.
 pub fn prepare(
+    scope: &Scope,
     target: &Path,
     meta: FileMeta,
     block_size: u32,
     key: &DigestKey,
 ) -> io::Result<Prepared> {
-    match fs::symlink_metadata(target) {
-        Ok(m) if m.is_dir() => {
+    let place = Place::of(scope, target)?;
+    let dir = place.dir()?;
+    match at::stat(&dir, &place.name)? {
+        Some(m) if at::is_dir(&m) => {
             return Err(io::Error::new(
                 io::ErrorKind::IsADirectory,
                 format!("cannot overwrite directory {}", target.display()),
             ))
         }
-        Ok(m)
-            if m.is_file()
-                && m.len() == meta.size
-                && system_time_to_ns(m.modified()?) == meta.mtime_ns =>
+        Some(m)
+            if at::is_file(&m)
+                && m.st_size as u64 == meta.size
+                && m.st_mtime * 1_000_000_000 + m.st_mtime_nsec == meta.mtime_ns =>
         {
-            remove_leftovers(target);
+            remove_leftovers(&dir, &place);
             return Ok(Prepared::Skip);
         }
         _ => {}
     }
-    let part = sibling(target, PART_SUFFIX);
-    let file = OpenOptions::new()
-        .write(true)
-        .read(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&part)?;
+    let file = at::open(
+        &dir,
+        &place.sibling(PART_SUFFIX),
+        OFlag::O_RDWR | OFlag::O_CREAT,
+        0o600,
+    )?;
     lock(&file, target)?;
     let journaled = blocks::count(meta.size, block_size) >= 2;
     let header = JournalHeader {
@@ -187,12 +224,15 @@ pub fn prepare(
         size: meta.size,
         mtime_ns: meta.mtime_ns,
     };
-    let jpath = journaled.then(|| sibling(target, JOURNAL_SUFFIX));
+    let jname = place.sibling(JOURNAL_SUFFIX);
     let mut have = Vec::new();
     let mut intact_len = 0;
-    if let Some(jp) = &jpath {
-        if let Ok(bytes) = fs::read(jp) {
-            let part_len = fs::symlink_metadata(&part).map(|m| m.len()).ok();
+    if journaled {
+        let mut bytes = Vec::new();
+        let read = at::open(&dir, &jname, OFlag::O_RDONLY, 0)
+            .and_then(|mut j| io::Read::read_to_end(&mut j, &mut bytes));
+        if read.is_ok() {
+            let part_len = file.metadata().map(|m| m.len()).ok();
             if let Some((h, recs)) = journal::parse(&bytes) {
                 if h == header && part_len == Some(meta.size) {
                     intact_len = journal::HEADER_LEN + recs.len() * journal::RECORD_LEN;
@@ -210,37 +250,35 @@ pub fn prepare(
         file.set_len(0)?;
     }
     file.set_len(meta.size)?;
-    let journal = match &jpath {
-        Some(jp) => {
-            let mut jf = OpenOptions::new()
-                .append(true)
-                .create(true)
-                .truncate(false)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(jp)?;
-            if !resuming {
-                jf.set_len(0)?;
-                jf.write_all(&header.encode())?;
-            } else {
-                // Drop a torn tail so new records follow intact ones.
-                jf.set_len(intact_len as u64)?;
-            }
-            Some(Mutex::new(Journal {
-                file: jf,
-                pending: Vec::new(),
-                pending_bytes: 0,
-                last_flush: Instant::now(),
-            }))
+    let journal = if journaled {
+        let mut jf = at::open(
+            &dir,
+            &jname,
+            OFlag::O_WRONLY | OFlag::O_APPEND | OFlag::O_CREAT,
+            0o600,
+        )?;
+        if !resuming {
+            jf.set_len(0)?;
+            jf.write_all(&header.encode())?;
+        } else {
+            // Drop a torn tail so new records follow intact ones.
+            jf.set_len(intact_len as u64)?;
         }
-        None => None,
+        Some(Mutex::new(Journal {
+            file: jf,
+            pending: Vec::new(),
+            pending_bytes: 0,
+            last_flush: Instant::now(),
+        }))
+    } else {
+        None
     };
     Ok(Prepared::Write {
         file: Box::new(PartialFile {
             file,
-            part,
-            journal_path: jpath,
+            place,
             journal,
-            target: target.to_path_buf(),
+            journaled,
             meta,
             block_size,
             committed: AtomicBool::new(false),
@@ -251,19 +289,15 @@ pub fn prepare(
 
 /// Removes what a commit interrupted after its rename left beside a complete target (the
 /// journal), unless another transfer is writing there now.
-fn remove_leftovers(target: &Path) {
-    let part = sibling(target, PART_SUFFIX);
-    if let Ok(f) = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&part)
-    {
-        if lock(&f, target).is_err() {
+fn remove_leftovers(dir: &File, place: &Place) {
+    let part = place.sibling(PART_SUFFIX);
+    if let Ok(f) = at::open(dir, &part, OFlag::O_RDONLY, 0) {
+        if lock(&f, &place.target).is_err() {
             return;
         }
-        let _ = fs::remove_file(&part);
+        let _ = at::remove(dir, &part);
     }
-    let _ = fs::remove_file(sibling(target, JOURNAL_SUFFIX));
+    let _ = at::remove(dir, &place.sibling(JOURNAL_SUFFIX));
 }
 
 /// Takes the part file's lock, or says which transfer holds it.
@@ -358,17 +392,29 @@ impl PartialFile {
             }
             CommitStep::SyncFile => self.file.sync_all(),
             CommitStep::Rename => {
-                fs::rename(&self.part, &self.target)?;
+                let dir = self.place.dir()?;
+                let part = self.place.sibling(PART_SUFFIX);
+                // The name must still hold the file written and verified here.
+                let ours = self.file.metadata()?;
+                match at::stat(&dir, &part)? {
+                    Some(s) if (s.st_dev, s.st_ino) == (ours.dev(), ours.ino()) => {}
+                    _ => {
+                        return Err(io::Error::other(format!(
+                            "{} was moved or replaced while it was being received",
+                            part
+                        )))
+                    }
+                }
+                at::rename(&dir, &part, &self.place.name)?;
                 self.committed.store(true, Ordering::SeqCst);
                 Ok(())
             }
-            CommitStep::SyncDir => {
-                let dir = self.target.parent().filter(|d| !d.as_os_str().is_empty());
-                File::open(dir.unwrap_or(Path::new(".")))?.sync_all()
-            }
+            CommitStep::SyncDir => self.place.dir()?.sync_all(),
             CommitStep::RemoveJournal => {
-                if let Some(jp) = &self.journal_path {
-                    let _ = fs::remove_file(jp);
+                if self.journaled {
+                    if let Ok(dir) = self.place.dir() {
+                        let _ = at::remove(&dir, &self.place.sibling(JOURNAL_SUFFIX));
+                    }
                 }
                 Ok(())
             }
@@ -377,7 +423,7 @@ impl PartialFile {
 
     /// The final path.
     pub fn target(&self) -> &Path {
-        &self.target
+        &self.place.target
     }
 }
 
@@ -397,7 +443,9 @@ impl Drop for PartialFile {
                 }
             }
             None => {
-                let _ = fs::remove_file(&self.part);
+                if let Ok(dir) = self.place.dir() {
+                    let _ = at::remove(&dir, &self.place.sibling(PART_SUFFIX));
+                }
             }
         }
     }
@@ -448,6 +496,8 @@ impl StreamSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fsio::system_time_to_ns;
+    use std::fs;
 
     fn meta(size: u64) -> FileMeta {
         FileMeta {
@@ -467,7 +517,9 @@ mod tests {
     fn commit_resume_and_skip() {
         let t = tempfile::tempdir().unwrap();
         let target = t.path().join("f");
-        let Prepared::Write { file, have } = prepare(&target, meta(10), 4, &KEY).unwrap() else {
+        let Prepared::Write { file, have } =
+            prepare(&Scope::Local, &target, meta(10), 4, &KEY).unwrap()
+        else {
             panic!("fresh file must be written")
         };
         assert!(have.is_empty());
@@ -475,7 +527,9 @@ mod tests {
         file.record(0, &digest(b"abcd")).unwrap();
         drop(file); // interrupted: the journal keeps block 0
         assert!(!target.exists());
-        let Prepared::Write { file, have } = prepare(&target, meta(10), 4, &KEY).unwrap() else {
+        let Prepared::Write { file, have } =
+            prepare(&Scope::Local, &target, meta(10), 4, &KEY).unwrap()
+        else {
             panic!()
         };
         assert_eq!(have, vec![(0, digest(b"abcd"))]);
@@ -486,14 +540,16 @@ mod tests {
         let m = fs::metadata(&target).unwrap();
         assert_eq!(m.permissions().mode() & 0o7777, 0o640);
         assert_eq!(system_time_to_ns(m.modified().unwrap()), meta(10).mtime_ns);
-        assert!(!sibling(&target, JOURNAL_SUFFIX).exists());
+        assert!(!target
+            .with_file_name(sibling_name("f", JOURNAL_SUFFIX))
+            .exists());
         assert!(matches!(
-            prepare(&target, meta(10), 4, &KEY).unwrap(),
+            prepare(&Scope::Local, &target, meta(10), 4, &KEY).unwrap(),
             Prepared::Skip
         ));
         // A different source version (size) is written anew.
         assert!(matches!(
-            prepare(&target, meta(11), 4, &KEY).unwrap(),
+            prepare(&Scope::Local, &target, meta(11), 4, &KEY).unwrap(),
             Prepared::Write { .. }
         ));
     }
@@ -504,7 +560,9 @@ mod tests {
     fn a_journaled_block_whose_bytes_changed_is_not_trusted() {
         let t = tempfile::tempdir().unwrap();
         let target = t.path().join("f");
-        let Prepared::Write { file, .. } = prepare(&target, meta(10), 4, &KEY).unwrap() else {
+        let Prepared::Write { file, .. } =
+            prepare(&Scope::Local, &target, meta(10), 4, &KEY).unwrap()
+        else {
             panic!()
         };
         for (i, b) in [&b"abcd"[..], b"efgh"].iter().enumerate() {
@@ -512,10 +570,12 @@ mod tests {
             file.record(i as u64, &digest(b)).unwrap();
         }
         drop(file);
-        let part = sibling(&target, PART_SUFFIX);
+        let part = target.with_file_name(sibling_name("f", PART_SUFFIX));
         let f = OpenOptions::new().write(true).open(&part).unwrap();
         f.write_all_at(b"X", 5).unwrap();
-        let Prepared::Write { have, .. } = prepare(&target, meta(10), 4, &KEY).unwrap() else {
+        let Prepared::Write { have, .. } =
+            prepare(&Scope::Local, &target, meta(10), 4, &KEY).unwrap()
+        else {
             panic!()
         };
         assert_eq!(have, vec![(0, digest(b"abcd"))]);
@@ -527,12 +587,17 @@ mod tests {
     fn a_second_writer_of_one_destination_is_refused() {
         let t = tempfile::tempdir().unwrap();
         let target = t.path().join("f");
-        let first = prepare(&target, meta(10), 4, &KEY).unwrap();
-        let e = prepare(&target, meta(10), 4, &KEY).err().expect("refused");
+        let first = prepare(&Scope::Local, &target, meta(10), 4, &KEY).unwrap();
+        let e = prepare(&Scope::Local, &target, meta(10), 4, &KEY)
+            .err()
+            .expect("refused");
         assert_eq!(e.kind(), io::ErrorKind::ResourceBusy);
         assert!(e.to_string().contains("another transfer"), "{e}");
         drop(first);
-        assert!(prepare(&target, meta(10), 4, &KEY).is_ok(), "free again");
+        assert!(
+            prepare(&Scope::Local, &target, meta(10), 4, &KEY).is_ok(),
+            "free again"
+        );
     }
 
     /// The order a crash-safe commit needs, checked without touching a disk: the file's bytes
@@ -573,5 +638,52 @@ mod tests {
         }
         assert_eq!(fs::read(&file).unwrap(), b"abcdefg");
         assert_eq!(reader.join().unwrap(), b"abcdefg");
+    }
+
+    #[test]
+    fn a_directory_swapped_for_a_link_out_of_the_root_leads_no_step_outside() {
+        let outside = tempfile::tempdir().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let scope = Scope::confined(root.path()).unwrap();
+        let r = root.path().canonicalize().unwrap();
+        fs::create_dir(r.join("d")).unwrap();
+        let swap = || {
+            fs::rename(r.join("d"), r.join("d.old")).unwrap();
+            std::os::unix::fs::symlink(outside.path(), r.join("d")).unwrap();
+        };
+        let unswap = || {
+            fs::remove_file(r.join("d")).unwrap();
+            fs::rename(r.join("d.old"), r.join("d")).unwrap();
+        };
+        // Swapped before the part file is opened.
+        swap();
+        let e = prepare(&scope, &r.join("d/f"), meta(10), 4, &KEY)
+            .err()
+            .unwrap();
+        assert_eq!(e.raw_os_error(), Some(libc::EXDEV), "{e}");
+        unswap();
+        // Swapped before the commit: the rename does not happen anywhere.
+        let Prepared::Write { file, .. } =
+            prepare(&scope, &r.join("d/f"), meta(10), 4, &KEY).unwrap()
+        else {
+            panic!("write expected")
+        };
+        file.write_block(0, b"abcdefghij").unwrap();
+        swap();
+        assert!(file.commit(|_| {}).is_err());
+        unswap();
+        assert!(!r.join("d/f").exists());
+        assert_eq!(
+            fs::read_dir(outside.path()).unwrap().count(),
+            0,
+            "nothing outside"
+        );
+        // A part file moved away and replaced is not committed either.
+        let part = r.join("d").join(sibling_name("f", PART_SUFFIX));
+        fs::rename(&part, r.join("moved")).unwrap();
+        fs::write(&part, b"0123456789").unwrap();
+        let e = file.commit(|_| {}).unwrap_err();
+        assert!(e.to_string().contains("moved or replaced"), "{e}");
+        assert!(!r.join("d/f").exists());
     }
 }

@@ -2,17 +2,18 @@
 //!
 //! Peer-supplied paths are checked lexically first ([`check_relative`]: no `..`, not
 //! absolute), then the deepest existing ancestor is canonicalized and must stay inside the
-//! canonical root, so a symlink inside the root cannot lead outside it. New files are
-//! created with `O_NOFOLLOW` under names the server picks. What a server reads is opened
-//! with `openat2(RESOLVE_BENEATH)` from the root ([`Scope::open`]), so a directory swapped for
-//! a symlink after the check cannot lead it out; the walk below goes by descriptors
-//! ([`crate::fsio::source`]).
+//! canonical root, so a symlink inside the root cannot lead outside it. The check alone could
+//! be raced by a local user who swaps a directory for a symlink before the path is used, so
+//! every use opens through the root directory opened at start, with `openat2(RESOLVE_BENEATH
+//! | RESOLVE_NO_MAGICLINKS)` ([`Scope::open`], [`Scope::open_dir`]), and works on single
+//! names inside directories opened that way ([`crate::fsio::at`]).
 
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
 
@@ -43,8 +44,16 @@ pub enum RootError {
 pub enum Scope {
     /// No confinement: paths are taken as the local user wrote them.
     Local,
-    /// Everything must stay under this canonical directory.
-    Confined(PathBuf),
+    /// Everything must stay under this directory.
+    Confined(Root),
+}
+
+/// A server's root: its canonical path, and the directory opened once at start that every
+/// confined open resolves beneath.
+#[derive(Debug, Clone)]
+pub struct Root {
+    path: PathBuf,
+    dir: Arc<File>,
 }
 
 impl Scope {
@@ -57,7 +66,8 @@ impl Scope {
                 format!("{} is not a directory", root.display()),
             ));
         }
-        Ok(Scope::Confined(canon))
+        let dir = Arc::new(File::open(&canon)?);
+        Ok(Scope::Confined(Root { path: canon, dir }))
     }
 
     /// Maps a user path to a filesystem path: as is for [`Scope::Local`]; for a confined
@@ -66,7 +76,7 @@ impl Scope {
         match self {
             Scope::Local => Ok(PathBuf::from(user_path)),
             Scope::Confined(root) => {
-                let mut p = root.clone();
+                let mut p = root.path.clone();
                 for c in check_relative(user_path)? {
                     p.push(c);
                 }
@@ -81,13 +91,29 @@ impl Scope {
     /// RESOLVE_NO_MAGICLINKS)` from the root: symlinks are followed only while they stay
     /// below it, whatever was swapped since the path was checked.
     pub fn open(&self, p: &Path) -> io::Result<File> {
+        self.open_with(p, OFlag::O_NONBLOCK)
+    }
+
+    /// Opens directory `p` (a path this scope resolved) to work on the names inside it with
+    /// [`crate::fsio::at`]; `follow` lets `p` itself be a symlink (below the root, when
+    /// confined).
+    pub fn open_dir(&self, p: &Path, follow: bool) -> io::Result<File> {
+        let nofollow = if follow {
+            OFlag::empty()
+        } else {
+            OFlag::O_NOFOLLOW
+        };
+        self.open_with(p, OFlag::O_DIRECTORY | nofollow)
+    }
+
+    fn open_with(&self, p: &Path, extra: OFlag) -> io::Result<File> {
         let Scope::Confined(root) = self else {
             return OpenOptions::new()
                 .read(true)
-                .custom_flags(libc::O_NONBLOCK)
+                .custom_flags(extra.bits())
                 .open(p);
         };
-        let rel = p.strip_prefix(root).map_err(|_| {
+        let rel = p.strip_prefix(&root.path).map_err(|_| {
             io::Error::new(
                 io::ErrorKind::PermissionDenied,
                 format!("{} is outside the server root", p.display()),
@@ -98,11 +124,10 @@ impl Scope {
         } else {
             rel
         };
-        let dir = File::open(root)?;
         let how = OpenHow::new()
-            .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)
+            .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC | extra)
             .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS);
-        let fd = openat2(dir.as_raw_fd(), rel, how)?;
+        let fd = openat2(root.dir.as_raw_fd(), rel, how)?;
         // SAFETY: openat2 returned a new descriptor that nothing else owns.
         Ok(unsafe { File::from_raw_fd(fd) })
     }
@@ -113,7 +138,7 @@ impl Scope {
         match self {
             Scope::Local => message.to_string(),
             Scope::Confined(root) => {
-                let r = root.display().to_string();
+                let r = root.path.display().to_string();
                 message.replace(&format!("{r}/"), "").replace(&r, ".")
             }
         }
@@ -128,7 +153,7 @@ impl Scope {
         let mut probe = p;
         loop {
             match probe.canonicalize() {
-                Ok(c) if c.starts_with(root) => return Ok(()),
+                Ok(c) if c.starts_with(&root.path) => return Ok(()),
                 Ok(_) => return Err(RootError::Escapes(p.display().to_string())),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => match probe.parent() {
                     Some(parent) => probe = parent,

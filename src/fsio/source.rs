@@ -347,7 +347,8 @@ mod tests {
         std::os::unix::fs::symlink(outside.path().join("sub"), top.join("sub")).unwrap();
         let e = read_block(a, 0, 6, &mut buf).unwrap_err();
         assert!(e.to_string().contains("was replaced"), "{e}");
-        fs::remove_file(top.join("b")).unwrap();
+        // The listed file is kept under another name, so a new one cannot reuse its inode.
+        fs::rename(top.join("b"), top.join("b.listed")).unwrap();
         std::os::unix::fs::symlink(outside.path().join("sub/a"), top.join("b")).unwrap();
         assert_eq!(
             read_block(b, 0, 6, &mut buf).unwrap_err().raw_os_error(),

@@ -27,6 +27,7 @@ use crate::error::{Error, Result};
 use crate::fsio::dest::{Destination, Layout};
 use crate::fsio::ns_to_system_time;
 use crate::fsio::partial::{prepare, CommitStep, FileMeta, PartialFile, Prepared, StreamSink};
+use crate::fsio::root::Scope;
 
 /// How long a receiver waits for the sender's final telemetry after the last file.
 const FINAL_TELEMETRY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
@@ -207,7 +208,11 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                 }
             }
         }
-        finish_dirs(dirs).await?;
+        let scope = match &self.sink {
+            Sink::Files(dest) => dest.scope().clone(),
+            Sink::Discard => Scope::Local,
+        };
+        finish_dirs(scope, dirs).await?;
         out.verified = true;
         Ok(out)
     }
@@ -344,7 +349,7 @@ fn prepare_chunk(
                             mode: e.mode,
                             mtime_ns: e.mtime_ns,
                         };
-                        let p = prepare(&target, meta, bs, key)
+                        let p = prepare(dest.scope(), &target, meta, bs, key)
                             .map_err(Error::io(format!("creating {}", target.display())))?;
                         (target, Some(p))
                     }
@@ -356,17 +361,23 @@ fn prepare_chunk(
     Ok(out)
 }
 
-/// Applies directory modes and mtimes after their contents are in place, deepest first.
-async fn finish_dirs(mut dirs: Vec<(PathBuf, Entry)>) -> Result<()> {
+/// Applies directory modes and mtimes after their contents are in place, deepest first,
+/// through each directory opened `O_NOFOLLOW` (below the root, when confined): a directory
+/// swapped for a symlink is passed over, never changed through the link.
+async fn finish_dirs(scope: Scope, mut dirs: Vec<(PathBuf, Entry)>) -> Result<()> {
     tokio::task::spawn_blocking(move || {
         dirs.sort_by_key(|(p, _)| std::cmp::Reverse(p.components().count()));
         for (p, e) in dirs {
             use std::os::unix::fs::PermissionsExt;
             let ctx = || format!("setting attributes of {}", p.display());
+            let f = match scope.open_dir(&p, false) {
+                Ok(f) => f,
+                Err(e) if e.raw_os_error() == Some(libc::ELOOP) => continue,
+                Err(e) => return Err(Error::io(ctx())(e)),
+            };
             let mode = crate::fsio::masked_mode(e.mode);
-            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode))
+            f.set_permissions(std::fs::Permissions::from_mode(mode))
                 .map_err(Error::io(ctx()))?;
-            let f = std::fs::File::open(&p).map_err(Error::io(ctx()))?;
             f.set_modified(ns_to_system_time(e.mtime_ns))
                 .map_err(Error::io(ctx()))?;
         }

@@ -1,0 +1,69 @@
+//! Filesystem calls relative to an open directory (`openat`, `fstatat`, `renameat`,
+//! `unlinkat`, `mkdirat`), each on one name inside it and never following a symlink there:
+//! what a receiver does beside its target goes through the directory it opened once, not
+//! through a path that a local user could redirect between two calls.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd};
+
+use nix::fcntl::{openat, renameat, AtFlags, OFlag};
+use nix::sys::stat::{fstatat, mkdirat, FileStat, Mode};
+use nix::unistd::{unlinkat, UnlinkatFlags};
+
+/// Opens (or creates, with `flags` holding `O_CREAT`) `name` in `dir`, never through a
+/// symlink.
+pub fn open(dir: &File, name: &str, flags: OFlag, mode: u32) -> io::Result<File> {
+    let flags = flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let fd = openat(
+        Some(dir.as_raw_fd()),
+        name,
+        flags,
+        Mode::from_bits_truncate(mode),
+    )?;
+    // SAFETY: openat returned a new descriptor that nothing else owns.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// The status of `name` in `dir` itself (a symlink is not followed), `None` if absent.
+pub fn stat(dir: &File, name: &str) -> io::Result<Option<FileStat>> {
+    match fstatat(Some(dir.as_raw_fd()), name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(s) => Ok(Some(s)),
+        Err(nix::Error::ENOENT) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Renames `from` to `to`, both in `dir`.
+pub fn rename(dir: &File, from: &str, to: &str) -> io::Result<()> {
+    let fd = Some(dir.as_raw_fd());
+    Ok(renameat(fd, from, fd, to)?)
+}
+
+/// Removes the file `name` from `dir`.
+pub fn remove(dir: &File, name: &str) -> io::Result<()> {
+    Ok(unlinkat(
+        Some(dir.as_raw_fd()),
+        name,
+        UnlinkatFlags::NoRemoveDir,
+    )?)
+}
+
+/// Creates directory `name` in `dir` (mode 777 less the umask; its own mode comes later).
+pub fn mkdir(dir: &File, name: &str) -> io::Result<()> {
+    Ok(mkdirat(
+        Some(dir.as_raw_fd()),
+        name,
+        Mode::from_bits_truncate(0o777),
+    )?)
+}
+
+/// True when `s` is a regular file.
+pub fn is_file(s: &FileStat) -> bool {
+    s.st_mode & libc::S_IFMT == libc::S_IFREG
+}
+
+/// True when `s` is a directory.
+pub fn is_dir(s: &FileStat) -> bool {
+    s.st_mode & libc::S_IFMT == libc::S_IFDIR
+}
