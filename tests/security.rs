@@ -7,8 +7,10 @@ use std::fs;
 use std::time::Duration;
 
 use common::*;
+use hsxfer::session::wire::{control_pair, ControlReader, ControlWriter, Side};
 use hsxfer::{Auth, Error, FaultInjection, Server, ServerConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
 fn token(t: &str) -> Auth {
@@ -117,7 +119,7 @@ async fn raw(addr: std::net::SocketAddr) -> TcpStream {
     let mut s = TcpStream::connect(addr).await.unwrap();
     let mut hello = [0u8; 36];
     s.read_exact(&mut hello).await.unwrap();
-    assert_eq!(&hello[..4], b"HXS1");
+    assert_eq!(&hello[..4], b"HXS2");
     s
 }
 
@@ -157,15 +159,16 @@ async fn garbage_forged_joins_and_malformed_control_are_rejected() {
     s.read_exact(&mut answer).await.unwrap();
     assert_eq!(&answer, b"HXNO");
 
-    // An authenticated control connection that then sends a malformed message.
+    // An authenticated control connection that then sends a malformed message under a tag
+    // that is not its MAC.
     let mut s = TcpStream::connect(addr).await.unwrap();
     let key = hsxfer::channels::auth::TokenKey::from_token(b"");
     hsxfer::session::handshake::client_control(&mut s, &key, "test")
         .await
         .unwrap();
-    s.write_all(&[5, 0, 0, 0, b'{', b'x', b'}', b'!', b'!'])
-        .await
-        .unwrap();
+    let mut frame = vec![5, 0, 0, 0, b'{', b'x', b'}', b'!', b'!'];
+    frame.extend([0u8; hsxfer::channels::control::TAG_LEN]);
+    s.write_all(&frame).await.unwrap();
     assert!(closed(s).await);
 
     // An oversized control frame is refused without allocating it.
@@ -194,6 +197,7 @@ async fn a_data_channel_sending_garbage_ends_only_its_session() {
     let (session, skey) = handshake::client_control(&mut ctrl, &key, "t")
         .await
         .unwrap();
+    let (mut r, mut w) = control_pair(ctrl, &skey, Side::Client);
     let req = Message::Request(Request {
         version: PROTOCOL_VERSION,
         op: Operation::Push {
@@ -204,7 +208,7 @@ async fn a_data_channel_sending_garbage_ends_only_its_session() {
         block_size: 1 << 20,
         tuning: control::Tuning::kernel_defaults(1),
     });
-    ctrl.write_all(&control::encode(&req)).await.unwrap();
+    w.send(&req).await.unwrap();
     let mut data = TcpStream::connect(addr).await.unwrap();
     handshake::client_join(&mut data, &skey, session, 0, "t")
         .await
@@ -225,9 +229,15 @@ async fn a_data_channel_sending_garbage_ends_only_its_session() {
         }],
         last: true,
     };
-    ctrl.write_all(&control::encode(&m)).await.unwrap();
+    w.send(&m).await.unwrap();
     data.write_all(&[0xAB; 24]).await.unwrap();
-    assert!(closed(ctrl).await, "the session is aborted");
+    let ended = async { while let Ok(Some(_)) = r.recv().await {} };
+    assert!(
+        tokio::time::timeout(Duration::from_secs(15), ended)
+            .await
+            .is_ok(),
+        "the session is aborted"
+    );
     assert!(
         !root.path().join("evil").exists(),
         "no partial file under the final name"
@@ -237,7 +247,8 @@ async fn a_data_channel_sending_garbage_ends_only_its_session() {
 
 /// A session's control connection, authenticated, with its id and key.
 struct Opened {
-    ctrl: TcpStream,
+    r: ControlReader<OwnedReadHalf>,
+    w: ControlWriter<OwnedWriteHalf>,
     session: hsxfer::channels::auth::SessionId,
     key: hsxfer::channels::auth::SessionKey,
 }
@@ -247,32 +258,26 @@ async fn ask(
     addr: std::net::SocketAddr,
     request: hsxfer::channels::control::Request,
 ) -> (Opened, hsxfer::channels::control::Message) {
-    use hsxfer::channels::control::{self, Message};
+    use hsxfer::channels::control::Message;
     let token = hsxfer::channels::auth::TokenKey::from_token(b"");
     let mut ctrl = TcpStream::connect(addr).await.unwrap();
     let (session, key) = hsxfer::session::handshake::client_control(&mut ctrl, &token, "t")
         .await
         .unwrap();
-    ctrl.write_all(&control::encode(&Message::Request(request)))
-        .await
-        .unwrap();
-    let answer = answer(&mut ctrl).await;
-    (Opened { ctrl, session, key }, answer)
+    let (mut r, mut w) = control_pair(ctrl, &key, Side::Client);
+    w.send(&Message::Request(request)).await.unwrap();
+    let answer = answer(&mut r).await;
+    (Opened { r, w, session, key }, answer)
 }
 
-/// The next control message from the server.
-async fn answer(ctrl: &mut TcpStream) -> hsxfer::channels::control::Message {
-    let mut len = [0u8; 4];
-    let read = async {
-        ctrl.read_exact(&mut len).await.unwrap();
-        let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
-        ctrl.read_exact(&mut body).await.unwrap();
-        body
-    };
-    let body = tokio::time::timeout(Duration::from_secs(15), read)
+/// The next control message from the peer.
+async fn answer<R: tokio::io::AsyncRead + Unpin>(
+    r: &mut ControlReader<R>,
+) -> hsxfer::channels::control::Message {
+    tokio::time::timeout(Duration::from_secs(15), r.expect())
         .await
-        .expect("the server answers");
-    serde_json::from_slice(&body).unwrap()
+        .expect("the peer answers")
+        .unwrap()
 }
 
 fn bench_request(
@@ -311,7 +316,7 @@ async fn hostile_values_in_a_request_or_manifest_end_only_their_session() {
         ("1e300 s", bench_request(BenchDirection::Download, 1e300)),
         ("offset of 18446744073709551615", download()),
         ("RTT of 18446744073709551615", download()),
-        ("protocol version 2", download()),
+        ("protocol version 3", download()),
     ];
     cases[0].1.tuning.interval_ms = 0;
     cases[2].1.tuning.stagger_us = vec![u64::MAX];
@@ -352,8 +357,8 @@ async fn hostile_values_in_a_request_or_manifest_end_only_their_session() {
             }],
             last: true,
         };
-        s.ctrl.write_all(&control::encode(&manifest)).await.unwrap();
-        match answer(&mut s.ctrl).await {
+        s.w.send(&manifest).await.unwrap();
+        match answer(&mut s.r).await {
             Message::Plan { files } if !pushing => assert_eq!(files.len(), 1),
             Message::Abort { message } if pushing => {
                 assert!(message.contains("creating huge"), "{message}");
@@ -397,8 +402,8 @@ async fn hostile_values_in_a_request_or_manifest_end_only_their_session() {
         entries,
         last: true,
     };
-    s.ctrl.write_all(&control::encode(&manifest)).await.unwrap();
-    match answer(&mut s.ctrl).await {
+    s.w.send(&manifest).await.unwrap();
+    match answer(&mut s.r).await {
         Message::Abort { message } => assert!(message.contains("more than 256 files"), "{message}"),
         other => panic!("{other:?}"),
     }
@@ -410,7 +415,7 @@ async fn hostile_values_in_a_request_or_manifest_end_only_their_session() {
 /// server); returns its address.
 async fn hostile_server(entries: Vec<hsxfer::channels::manifest::Entry>) -> std::net::SocketAddr {
     use hsxfer::channels::auth::{self, TokenKey};
-    use hsxfer::channels::control::{self, Message};
+    use hsxfer::channels::control::Message;
     use hsxfer::session::handshake;
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -420,12 +425,10 @@ async fn hostile_server(entries: Vec<hsxfer::channels::manifest::Entry>) -> std:
         let token = TokenKey::from_token(b"");
         let (welcome, key) = auth::accept_control(&token, &sh, &hello, [1; 16]).unwrap();
         ctrl.write_all(&welcome.encode()).await.unwrap();
+        let (mut r, mut w) = control_pair(ctrl, &key, Side::Server);
         let channels = loop {
-            match answer(&mut ctrl).await {
-                Message::Ping { seq } => {
-                    let pong = control::encode(&Message::Pong { seq });
-                    ctrl.write_all(&pong).await.unwrap();
-                }
+            match answer(&mut r).await {
+                Message::Ping { seq } => w.send(&Message::Pong { seq }).await.unwrap(),
                 Message::Request(r) => break r.channels,
                 other => panic!("{other:?}"),
             }
@@ -434,7 +437,7 @@ async fn hostile_server(entries: Vec<hsxfer::channels::manifest::Entry>) -> std:
             channels,
             notes: vec![],
         };
-        ctrl.write_all(&control::encode(&accepted)).await.unwrap();
+        w.send(&accepted).await.unwrap();
         let mut joined = Vec::new();
         for _ in 0..channels {
             let (mut d, _) = l.accept().await.unwrap();
@@ -447,9 +450,8 @@ async fn hostile_server(entries: Vec<hsxfer::channels::manifest::Entry>) -> std:
             entries,
             last: true,
         };
-        ctrl.write_all(&control::encode(&manifest)).await.unwrap();
-        let mut rest = Vec::new();
-        let _ = ctrl.read_to_end(&mut rest).await;
+        w.send(&manifest).await.unwrap();
+        while let Ok(Some(_)) = r.recv().await {}
     });
     addr
 }
@@ -539,4 +541,87 @@ async fn two_pushes_to_one_destination_never_mix_their_bytes() {
             assert!(!e.contains(root.path().to_str().unwrap()), "{e}");
         }
     }
+}
+
+/// An on-path attacker: relays every connection to `server`, lets the handshakes through,
+/// and on control connections replaces `from` with `to` in each message of the client,
+/// keeping the frame's MAC (it cannot compute one) and fixing the length prefix.
+async fn rewriting_relay(
+    server: std::net::SocketAddr,
+    from: &'static str,
+    to: &'static str,
+) -> std::net::SocketAddr {
+    use hsxfer::channels::auth::CONTROL_BODY_LEN;
+    use hsxfer::channels::control::TAG_LEN;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let srv = TcpStream::connect(server).await.unwrap();
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = srv.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut sr, &mut cw).await;
+                    let _ = cw.shutdown().await;
+                });
+                let mut tag = [0u8; 4];
+                if cr.read_exact(&mut tag).await.is_err() || sw.write_all(&tag).await.is_err() {
+                    return;
+                }
+                if &tag != b"HXCC" {
+                    let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                    return;
+                }
+                let mut hello = [0u8; CONTROL_BODY_LEN];
+                cr.read_exact(&mut hello).await.unwrap();
+                sw.write_all(&hello).await.unwrap();
+                loop {
+                    let mut len = [0u8; 4];
+                    if cr.read_exact(&mut len).await.is_err() {
+                        break;
+                    }
+                    let n = u32::from_le_bytes(len) as usize;
+                    let mut frame = vec![0u8; n + TAG_LEN];
+                    if cr.read_exact(&mut frame).await.is_err() {
+                        break;
+                    }
+                    let body = String::from_utf8_lossy(&frame[..n]).replace(from, to);
+                    let mut out = (body.len() as u32).to_le_bytes().to_vec();
+                    out.extend_from_slice(body.as_bytes());
+                    out.extend_from_slice(&frame[n..]);
+                    if sw.write_all(&out).await.is_err() {
+                        break;
+                    }
+                }
+                let _ = sw.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+/// A relay that turns a push into `mine` into a push into `evil` is caught by the MACs on
+/// control frames: the server refuses the altered request, says why, and writes nothing. The
+/// same relay that changes nothing is harmless.
+#[tokio::test]
+async fn a_relay_that_rewrites_control_messages_is_caught() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    random_file(&src.path().join("f"), 100_000, 3);
+    let secret = token("0123456789abcdef0123456789abcdef");
+    let addr = server(root.path(), secret.clone(), FaultInjection::default()).await;
+    let relay = rewriting_relay(addr, "\"dest\":\"mine\"", "\"dest\":\"evil\"").await;
+    let e = client_with(relay, 2, secret.clone(), FaultInjection::default())
+        .push(&[src.path().join("f")], false, "mine", &live(2))
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("failed its authentication check"),
+        "{e}"
+    );
+    assert!(!root.path().join("evil").exists());
+    assert!(!root.path().join("mine").exists());
+    push_ok(relay, secret, &src.path().join("f"), "other").await;
+    assert!(root.path().join("other").exists());
 }

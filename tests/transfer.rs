@@ -209,7 +209,7 @@ async fn older_server() -> std::net::SocketAddr {
     use hsxfer::channels::auth::{self, Hello, TokenKey};
     use hsxfer::channels::control::Message;
     use hsxfer::session::handshake;
-    use hsxfer::session::wire::{ControlReader, ControlWriter};
+    use hsxfer::session::wire::{control_pair, Side};
     use tokio::io::AsyncWriteExt;
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -218,11 +218,10 @@ async fn older_server() -> std::net::SocketAddr {
             tokio::spawn(async move {
                 let (sh, hello) = handshake::server_accept(&mut s).await.unwrap();
                 assert!(matches!(hello, Hello::Control { .. }));
-                let (welcome, _) =
+                let (welcome, skey) =
                     auth::accept_control(&TokenKey::from_token(b""), &sh, &hello, [7; 16]).unwrap();
                 s.write_all(&welcome.encode()).await.unwrap();
-                let (r, w) = s.split();
-                let (mut r, mut w) = (ControlReader::new(r), ControlWriter::new(w));
+                let (mut r, mut w) = control_pair(s, &skey, Side::Server);
                 while let Ok(Message::Ping { seq }) = r.expect().await {
                     w.send(&Message::Pong { seq }).await.unwrap();
                 }

@@ -18,7 +18,7 @@
 //! The handshake authenticates but does not encrypt: payloads are integrity-checked, not secret.
 
 /// Wire tag and version of the server's opening message.
-pub const SERVER_HELLO_TAG: [u8; 4] = *b"HXS1";
+pub const SERVER_HELLO_TAG: [u8; 4] = *b"HXS2";
 /// Tag of a client hello that opens a control connection.
 pub const CONTROL_TAG: [u8; 4] = *b"HXCC";
 /// Tag of a client hello that joins a data channel to a session.
@@ -67,6 +67,13 @@ impl TokenKey {
 /// The per-session key that data channels use to prove membership.
 #[derive(Clone)]
 pub struct SessionKey([u8; 32]);
+
+impl SessionKey {
+    /// The MAC state of the control frames travelling `way` in this session.
+    pub fn control_seal(&self, way: super::control::Way) -> super::control::FrameSeal {
+        super::control::FrameSeal::new(blake3::derive_key(way.context(), &self.0))
+    }
+}
 
 fn mac(key: &[u8; 32], parts: &[&[u8]]) -> blake3::Hash {
     let mut h = blake3::Hasher::new_keyed(key);

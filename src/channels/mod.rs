@@ -89,6 +89,11 @@ pub fn check_decoders(data: &[u8]) {
         let again = control::decode(&control::encode(&m)).expect("re-encoded message decodes");
         assert_eq!(again.map(|x| x.0), Some(m));
     }
+    // A sealed frame is checked before it is decoded; whatever the bytes, no panic.
+    let _ = control::FrameSeal::new([0; 32]).open(data);
+    if let Ok(Ok(Some(a))) = std::str::from_utf8(data).map(oneshot::Announcement::parse) {
+        assert_eq!(oneshot::Announcement::parse(&a.to_string()), Ok(Some(a)));
+    }
     if let Some((tag, body)) = data.split_first_chunk::<4>() {
         if let Some(len) = auth::Hello::body_len(tag) {
             if let Some(h) = body.get(..len).and_then(|b| auth::Hello::decode(tag, b)) {

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::task::JoinSet;
@@ -20,7 +21,7 @@ use super::source::{BenchLimit, SendSource};
 use super::tuning::{
     check_congestion, enforce_congestion, local_plan, online_tuner, read_setup, Side,
 };
-use super::wire::{ControlReader, ControlWriter};
+use super::wire::{control_pair, ControlReader, ControlWriter, Side as WireSide};
 use super::{Auth, DEFAULT_PORT};
 use crate::channels::control::{
     BenchDirection, HostFacts, Message, OnlineTuning, Operation, Policy, Request, Tuning,
@@ -157,7 +158,8 @@ pub struct Client {
 }
 
 struct Opened {
-    ctrl: TcpStream,
+    ctrl_r: ControlReader<OwnedReadHalf>,
+    ctrl_w: ControlWriter<OwnedWriteHalf>,
     channels: Vec<TcpStream>,
     stagger: Vec<Duration>,
     tuning: TuningReport,
@@ -203,11 +205,11 @@ impl Client {
         let addrs = self.resolve().await?;
         let (addr, mut ctrl) = self.connect_control(&addrs).await?;
         let peer = addr.to_string();
-        handshake::client_control(&mut ctrl, &self.opts.auth.key(), &peer).await?;
-        let rtt = measure_rtt(&mut ctrl).await?;
-        let (r, w) = ctrl.split();
-        ControlWriter::new(w).send(&Message::Facts).await?;
-        match ControlReader::new(r).expect().await {
+        let (_, skey) = handshake::client_control(&mut ctrl, &self.opts.auth.key(), &peer).await?;
+        let (mut r, mut w) = control_pair(ctrl, &skey, WireSide::Client);
+        let rtt = measure_rtt(&mut r, &mut w).await?;
+        w.send(&Message::Facts).await?;
+        match r.expect().await {
             Ok(Message::HostFacts(f)) => Ok((f, rtt)),
             Ok(Message::Abort { message }) => Err(Error::Refused(message)),
             // An older server cannot decode the request and closes the connection.
@@ -300,10 +302,9 @@ impl Client {
             Ok(())
         });
         let growth = o.growth(setup, side.requests);
-        let (r, w) = o.ctrl.into_split();
         let out = SendEngine {
-            ctrl_r: ControlReader::new(r),
-            ctrl_w: ControlWriter::new(w),
+            ctrl_r: o.ctrl_r,
+            ctrl_w: o.ctrl_w,
             channels: o.channels,
             stagger: o.stagger,
             gate: side.gate,
@@ -333,10 +334,9 @@ impl Client {
         let start = Instant::now();
         // The channels' options were applied before they connected.
         let growth = o.growth(Box::new(|_, _| Ok(())), None);
-        let (r, w) = o.ctrl.into_split();
         let out = ReceiveEngine {
-            ctrl_r: ControlReader::new(r),
-            ctrl_w: ControlWriter::new(w),
+            ctrl_r: o.ctrl_r,
+            ctrl_w: o.ctrl_w,
             channels: o.channels,
             sink,
             block_size: self.opts.block_size,
@@ -395,11 +395,13 @@ impl Client {
         let peer = addr.to_string();
         let (session, skey) =
             handshake::client_control(&mut ctrl, &self.opts.auth.key(), &peer).await?;
+        let (mut ctrl_r, mut ctrl_w) = control_pair(ctrl, &skey, WireSide::Client);
         let rtt = match self.opts.rtt {
             Some(rtt) => rtt,
-            None => measure_rtt(&mut ctrl).await?,
+            None => measure_rtt(&mut ctrl_r, &mut ctrl_w).await?,
         };
-        let mss = tcp_info(&ctrl).map(|t| t.mss).unwrap_or(0);
+        let ctrl: &TcpStream = ctrl_r.get_ref().as_ref();
+        let mss = tcp_info(ctrl).map(|t| t.mss).unwrap_or(0);
         let goodput = match self.opts.rate {
             PathRate::Given(wire) => Some(bdp::goodput_rate(wire, mss)),
             PathRate::Measured(g) => Some(g),
@@ -408,7 +410,7 @@ impl Client {
         let (rate, rate_source) = match self.opts.rate {
             PathRate::Given(r) => (Some(r), "given"),
             PathRate::Measured(r) => (Some(r), "measured"),
-            PathRate::Unknown => match interface_speed(&ctrl) {
+            PathRate::Unknown => match interface_speed(ctrl) {
                 Some(r) => (Some(r), "interface"),
                 None => (None, "unknown"),
             },
@@ -444,9 +446,8 @@ impl Client {
             block_size: self.opts.block_size,
             tuning,
         });
-        let (r, w) = ctrl.split();
-        ControlWriter::new(w).send(&request).await?;
-        match ControlReader::new(r).expect().await? {
+        ctrl_w.send(&request).await?;
+        match ctrl_r.expect().await? {
             Message::Accepted { notes, .. } => report.notes.extend(notes),
             Message::Abort { message } => return Err(Error::Refused(message)),
             other => {
@@ -480,9 +481,8 @@ impl Client {
                 .enumerate()
                 .try_for_each(|(i, c)| enforce_congestion(c, i, &plan.options[i], "client"));
             if let Err(e) = enforced {
-                let (r, w) = ctrl.split();
-                ControlWriter::new(w).abort(&e).await;
-                ControlReader::new(r).linger_until_closed().await;
+                ctrl_w.abort(&e).await;
+                ctrl_r.linger_until_closed().await;
                 return Err(e);
             }
             if let Some(g) = &plan.dmc_group {
@@ -504,7 +504,8 @@ impl Client {
             plan: plan.clone(),
         };
         Ok(Opened {
-            ctrl,
+            ctrl_r,
+            ctrl_w,
             channels,
             stagger,
             tuning: report,
@@ -575,22 +576,21 @@ fn interface_speed(ctrl: &TcpStream) -> Option<u64> {
 
 /// The path RTT: the fastest of a few ping exchanges on the control connection, or the
 /// connection's `TCP_INFO` minimum RTT if lower (it excludes the peers' scheduling delay).
-async fn measure_rtt(ctrl: &mut TcpStream) -> Result<Duration> {
+async fn measure_rtt(
+    r: &mut ControlReader<OwnedReadHalf>,
+    w: &mut ControlWriter<OwnedWriteHalf>,
+) -> Result<Duration> {
     let mut best = Duration::MAX;
-    {
-        let (r, w) = ctrl.split();
-        let (mut r, mut w) = (ControlReader::new(r), ControlWriter::new(w));
-        for seq in 0..PINGS {
-            let t = Instant::now();
-            w.send(&Message::Ping { seq }).await?;
-            match r.expect().await? {
-                Message::Pong { seq: s } if s == seq => best = best.min(t.elapsed()),
-                Message::Abort { message } => return Err(Error::Refused(message)),
-                other => return Err(Error::Malformed(format!("expected a pong, got {other:?}"))),
-            }
+    for seq in 0..PINGS {
+        let t = Instant::now();
+        w.send(&Message::Ping { seq }).await?;
+        match r.expect().await? {
+            Message::Pong { seq: s } if s == seq => best = best.min(t.elapsed()),
+            Message::Abort { message } => return Err(Error::Refused(message)),
+            other => return Err(Error::Malformed(format!("expected a pong, got {other:?}"))),
         }
     }
-    if let Ok(info) = tcp_info(ctrl) {
+    if let Ok(info) = tcp_info(r.get_ref().as_ref()) {
         if info.min_rtt_us > 0 {
             best = best.min(Duration::from_micros(info.min_rtt_us as u64));
         }

@@ -22,7 +22,7 @@ use super::source::SendSource;
 use super::tuning::{
     enforce_congestion, host_facts, local_plan, online_tuner, read_setup, LocalPlan, Side,
 };
-use super::wire::{ControlReader, ControlWriter};
+use super::wire::{control_pair, Side as WireSide};
 use super::Auth;
 use crate::channels::auth::{self, Hello, SessionId, SessionKey, TokenKey};
 use crate::channels::control::{BenchDirection, Message, Operation, Request};
@@ -267,25 +267,36 @@ async fn control(
     session: SessionId,
     key: SessionKey,
 ) -> Result<()> {
-    let (r, w) = ctrl.into_split();
-    let mut r = ControlReader::new(r);
-    let mut w = ControlWriter::new(w).hiding(state.scope.clone());
+    let (mut r, w) = control_pair(ctrl, &key, WireSide::Server);
+    let mut w = w.hiding(state.scope.clone());
     // Pings and facts come first; the request must follow soon, or the session slot is held
     // by a peer that does nothing.
     let asked_by = Instant::now() + state.admission.limits().request_timeout;
-    let req = loop {
-        let next = tokio::time::timeout_at(asked_by.into(), r.expect())
-            .await
-            .map_err(|_| Error::Timeout("waiting for the client's request"))?;
-        match next? {
-            Message::Ping { seq } => w.send(&Message::Pong { seq }).await?,
-            Message::Facts => w.send(&Message::HostFacts(host_facts()?)).await?,
-            Message::Request(req) => break req,
-            other => {
-                return Err(Error::Malformed(format!(
-                    "expected a request, got {other:?}"
-                )))
+    let asked = async {
+        loop {
+            let next = tokio::time::timeout_at(asked_by.into(), r.expect())
+                .await
+                .map_err(|_| Error::Timeout("waiting for the client's request"))?;
+            match next? {
+                Message::Ping { seq } => w.send(&Message::Pong { seq }).await?,
+                Message::Facts => w.send(&Message::HostFacts(host_facts()?)).await?,
+                Message::Request(req) => return Ok(req),
+                other => {
+                    return Err(Error::Malformed(format!(
+                        "expected a request, got {other:?}"
+                    )))
+                }
             }
+        }
+    };
+    let req = match asked.await {
+        Ok(req) => req,
+        Err(e) => {
+            // Say why (a forged message, say), unless the client is gone.
+            if !matches!(e, Error::PeerVanished) {
+                w.abort(&e).await;
+            }
+            return Err(e);
         }
     };
     let _transfer = matches!(req.op, Operation::Push { .. } | Operation::Pull { .. })

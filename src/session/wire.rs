@@ -6,7 +6,11 @@ use std::time::Duration;
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::channels::control::{self, Message};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+
+use crate::channels::auth::SessionKey;
+use crate::channels::control::{FrameSeal, Message, Way};
 use crate::channels::frame::{BlockCheck, BlockHeader, DigestKey, HEADER_LEN, PIECE, TRAILER_LEN};
 use crate::channels::Digest;
 use crate::error::{Error, Result};
@@ -26,25 +30,59 @@ fn closed(e: io::Error) -> Error {
     }
 }
 
+/// The two halves of an authenticated control connection, each checking or sealing its
+/// direction's frames with the session key ([`control::FrameSeal`]).
+pub fn control_pair(
+    stream: TcpStream,
+    key: &SessionKey,
+    we_are: Side,
+) -> (ControlReader<OwnedReadHalf>, ControlWriter<OwnedWriteHalf>) {
+    let (incoming, outgoing) = match we_are {
+        Side::Client => (Way::ToClient, Way::ToServer),
+        Side::Server => (Way::ToServer, Way::ToClient),
+    };
+    let (r, w) = stream.into_split();
+    (
+        ControlReader::new(r, key.control_seal(incoming)),
+        ControlWriter::new(w, key.control_seal(outgoing)),
+    )
+}
+
+/// Which end of a control connection this is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The end that connected.
+    Client,
+    /// The end that accepted.
+    Server,
+}
+
 /// Reads control messages from a stream.
 pub struct ControlReader<R> {
     inner: R,
     buf: BytesMut,
+    seal: FrameSeal,
 }
 
 impl<R: AsyncRead + Unpin> ControlReader<R> {
-    /// Wraps a read half.
-    pub fn new(inner: R) -> Self {
+    /// Wraps a read half whose frames `seal` checks.
+    pub fn new(inner: R, seal: FrameSeal) -> Self {
         ControlReader {
             inner,
             buf: BytesMut::with_capacity(64 << 10),
+            seal,
         }
+    }
+
+    /// The read half.
+    pub fn get_ref(&self) -> &R {
+        &self.inner
     }
 
     /// The next message; `Ok(None)` on a clean close between messages.
     pub async fn recv(&mut self) -> Result<Option<Message>> {
         loop {
-            match control::decode(&self.buf) {
+            match self.seal.open(&self.buf) {
                 Ok(Some((m, used))) => {
                     self.buf.advance(used);
                     return Ok(Some(m));
@@ -82,12 +120,17 @@ pub struct ControlWriter<W> {
     inner: W,
     /// A server's root, hidden from the abort messages it sends.
     hide: Option<Scope>,
+    seal: FrameSeal,
 }
 
 impl<W: AsyncWrite + Unpin> ControlWriter<W> {
-    /// Wraps a write half.
-    pub fn new(inner: W) -> Self {
-        ControlWriter { inner, hide: None }
+    /// Wraps a write half whose frames `seal` authenticates.
+    pub fn new(inner: W, seal: FrameSeal) -> Self {
+        ControlWriter {
+            inner,
+            hide: None,
+            seal,
+        }
     }
 
     /// Names paths in abort messages relative to `scope`'s root: a server tells a client
@@ -99,10 +142,8 @@ impl<W: AsyncWrite + Unpin> ControlWriter<W> {
 
     /// Sends one message.
     pub async fn send(&mut self, m: &Message) -> Result<()> {
-        self.inner
-            .write_all(&control::encode(m))
-            .await
-            .map_err(closed)
+        let frame = self.seal.seal(m);
+        self.inner.write_all(&frame).await.map_err(closed)
     }
 
     /// Sends an abort notice, ignoring failures (the peer may already be gone).
