@@ -13,6 +13,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::netns::{root_or_skip, Dumbbell, RECEIVER};
+use common::random_file;
 
 /// One path at a time: the tests share the machine's two cores.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -109,19 +110,6 @@ impl Sshd {
     }
 }
 
-fn random_file(path: &Path, len: usize, seed: u8) {
-    let mut x = seed as u64 | 1;
-    let data: Vec<u8> = (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
-    fs::write(path, data).unwrap();
-}
-
 /// The one-shot servers still running on the receiver host.
 fn one_shot_servers(net: &Dumbbell) -> Vec<String> {
     let out = Command::new("ip")
@@ -173,11 +161,15 @@ fn a_tree_goes_both_ways_over_ssh_and_nothing_stays_running() {
     }
     assert_eq!(one_shot_servers(&net), Vec::<String>::new());
 
-    // Pull it back.
+    // Pull it back, from a port of our choosing.
     let back = work.path().join("back");
     let from = format!("{RECEIVER}:{}", remote.join("src").display());
     ok(&sshd
-        .copy(&net, BIN, &["-r", &from, back.to_str().unwrap()])
+        .copy(
+            &net,
+            BIN,
+            &["--remote-port", "7455", "-r", &from, back.to_str().unwrap()],
+        )
         .output()
         .unwrap());
     assert_eq!(
@@ -185,6 +177,27 @@ fn a_tree_goes_both_ways_over_ssh_and_nothing_stays_running() {
         fs::read(back.join("big")).unwrap()
     );
     assert_eq!(one_shot_servers(&net), Vec::<String>::new());
+
+    // The port asked for is the one the remote server takes: sshd's is refused there.
+    let out = sshd
+        .copy(
+            &net,
+            BIN,
+            &[
+                "--remote-port",
+                "22",
+                src.join("big").to_str().unwrap(),
+                &dest,
+            ],
+        )
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains(&format!("{RECEIVER}:22")),
+        "{:?} {err}",
+        out.status
+    );
 
     // No hsxfer on the remote host: one line that says what to do.
     let out = sshd

@@ -359,6 +359,13 @@ struct CopyArgs {
     /// The hsxfer program on the remote host.
     #[arg(long, value_name = "PATH", default_value = "hsxfer", requires = "ssh")]
     remote_hsxfer: String,
+    /// The address the remote server listens on (default: the one SSH reached; give it when
+    /// SSH goes through a jump host or NAT).
+    #[arg(long, value_name = "ADDR", requires = "ssh")]
+    remote_listen: Option<IpAddr>,
+    /// The remote server's port (default: any free one; give one a firewall lets through).
+    #[arg(long, value_name = "PORT", requires = "ssh")]
+    remote_port: Option<u16>,
     /// Sources, then the destination; remote ones are HOST:PATH (PATH relative to the
     /// server root; HOST may be a name, an IPv4 address or [IPv6]; [USER@]HOST with --ssh).
     #[arg(required = true, num_args = 2.., value_name = "SRC... DST")]
@@ -532,6 +539,8 @@ async fn copy(a: CopyArgs) -> anyhow::Result<bool> {
         let launch = SshLaunch {
             command: a.ssh_command.split_whitespace().map(String::from).collect(),
             remote_hsxfer: a.remote_hsxfer.clone(),
+            listen: a.remote_listen,
+            port: a.remote_port,
         };
         Some(launch.start(&target, root).await?)
     } else {

@@ -4,6 +4,7 @@
 //! connection and the data channels directly to that port, as bbcp and EScp do. The server
 //! ends with its session, or as soon as the SSH channel closes.
 
+use std::net::IpAddr;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -30,6 +31,10 @@ pub struct SshLaunch {
     pub command: Vec<String>,
     /// The hsxfer program on the remote host.
     pub remote_hsxfer: String,
+    /// The address the one-shot server listens on (default: the one SSH came in on).
+    pub listen: Option<IpAddr>,
+    /// Its port (default: any free one), for a firewall that opens only some.
+    pub port: Option<u16>,
 }
 
 impl Default for SshLaunch {
@@ -37,6 +42,8 @@ impl Default for SshLaunch {
         SshLaunch {
             command: vec!["ssh".into()],
             remote_hsxfer: "hsxfer".into(),
+            listen: None,
+            port: None,
         }
     }
 }
@@ -73,19 +80,22 @@ impl SshLaunch {
             .command
             .split_first()
             .ok_or_else(|| Error::Usage("--ssh-command is empty".into()))?;
+        let mut words: Vec<String> = ["serve", "--once", "--stdio", "--root", root]
+            .iter()
+            .map(|w| w.to_string())
+            .collect();
+        if let Some(a) = self.listen {
+            words.extend(["--listen".into(), a.to_string()]);
+        }
+        if let Some(p) = self.port {
+            words.extend(["--port".into(), p.to_string()]);
+        }
         // ssh joins the remote command's words with spaces for the remote shell: quote each.
-        let remote = [
-            &self.remote_hsxfer,
-            "serve",
-            "--once",
-            "--stdio",
-            "--root",
-            root,
-        ]
-        .iter()
-        .map(|w| shell_quote(w))
-        .collect::<Vec<_>>()
-        .join(" ");
+        let remote = std::iter::once(&self.remote_hsxfer)
+            .chain(&words)
+            .map(|w| shell_quote(w))
+            .collect::<Vec<_>>()
+            .join(" ");
         let mut child = Command::new(program)
             .args(options)
             .arg(target)
@@ -181,7 +191,7 @@ mod tests {
     async fn a_command_that_announces_nothing_is_a_one_line_error() {
         let launch = SshLaunch {
             command: vec!["sh".into(), "-c".into(), "echo hello; exit 127".into()],
-            remote_hsxfer: "hsxfer".into(),
+            ..SshLaunch::default()
         };
         let e = launch.start("host", ".").await.err().unwrap().to_string();
         assert!(
@@ -199,7 +209,7 @@ mod tests {
         let script = format!("echo motd; echo '{line}'; cat >/dev/null");
         let launch = SshLaunch {
             command: vec!["sh".into(), "-c".into(), script],
-            remote_hsxfer: "hsxfer".into(),
+            ..SshLaunch::default()
         };
         let s = launch.start("host", ".").await.unwrap();
         assert_eq!(s.port, 4242);

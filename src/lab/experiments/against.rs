@@ -10,7 +10,8 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::{
-    choose_ccs, describe, fairness::channels_for, lateness, pct, OwnedLab, Report, RunOptions,
+    choose_ccs, describe, fairness::channels_for, lateness, pct, require_available, OwnedLab,
+    Report, RunOptions,
 };
 use crate::lab::flows::FlowSpec;
 use crate::lab::{Host, LabError, LabSpec, QueueSize};
@@ -48,11 +49,7 @@ pub fn run(
         &["dmctcp", "cubic", "bbr"]
     };
     let (ccs, skipped) = choose_ccs(opts, defaults)?;
-    let reference_opts = RunOptions {
-        ccs: Some(vec![reference.to_string()]),
-        ..opts.clone()
-    };
-    choose_ccs(&reference_opts, &[])?;
+    require_available(&[reference.to_string()])?;
     let rtt = Duration::from_millis(rtt_ms);
     let spec = LabSpec {
         name: opts.lab_name.clone(),

@@ -162,19 +162,9 @@ pub fn choose_ccs(
     opts: &RunOptions,
     defaults: &[&str],
 ) -> Result<(Vec<String>, Vec<String>), LabError> {
-    let catalog = CcCatalog::read().map_err(LabError::io("reading the congestion controls"))?;
+    let catalog = read_catalog()?;
     if let Some(list) = &opts.ccs {
-        if let Some(missing) = list.iter().find(|c| !catalog.available.contains(c)) {
-            let fix = if crate::tuning::bundled::find(missing).is_some() {
-                format!(" (hsxfer bundles it: register it first with `sudo hsxfer cc load {missing} --pin`)")
-            } else {
-                String::new()
-            };
-            return Err(LabError::Invalid(format!(
-                "congestion control '{missing}' is not available; available: {}{fix}",
-                catalog.available.join(" ")
-            )));
-        }
+        check_available(&catalog, list)?;
         return Ok((list.clone(), Vec::new()));
     }
     let (have, skipped): (Vec<&str>, Vec<&str>) = defaults
@@ -184,6 +174,32 @@ pub fn choose_ccs(
         have.into_iter().map(str::to_string).collect(),
         skipped.into_iter().map(str::to_string).collect(),
     ))
+}
+
+/// Refuses a congestion control this host has not registered, saying how to register it.
+pub fn require_available(ccs: &[String]) -> Result<(), LabError> {
+    check_available(&read_catalog()?, ccs)
+}
+
+fn read_catalog() -> Result<CcCatalog, LabError> {
+    CcCatalog::read().map_err(LabError::io("reading the congestion controls"))
+}
+
+fn check_available(catalog: &CcCatalog, ccs: &[String]) -> Result<(), LabError> {
+    let Some(missing) = ccs.iter().find(|c| !catalog.available.contains(c)) else {
+        return Ok(());
+    };
+    let fix = if crate::tuning::bundled::find(missing).is_some() {
+        format!(
+            " (hsxfer bundles it: register it first with `sudo hsxfer cc load {missing} --pin`)"
+        )
+    } else {
+        String::new()
+    };
+    Err(LabError::Invalid(format!(
+        "congestion control '{missing}' is not available; available: {}{fix}",
+        catalog.available.join(" ")
+    )))
 }
 
 /// A lab that an experiment owns: removed when dropped, whatever happened.
