@@ -288,11 +288,15 @@ impl TransferArgs {
         remote: Option<&OneShot>,
     ) -> anyhow::Result<(TransferOptions, tune::Profiled)> {
         let mut opts = self.options(remote)?;
+        let profile_port = match remote {
+            Some(_) => tune::SSH_PROFILE_PORT,
+            None => opts.port,
+        };
         let p = tune::settle(
             self.tune,
             &mut opts,
             self.fixed(),
-            host,
+            (host, profile_port),
             direction,
             self.mode(),
         )

@@ -31,6 +31,9 @@ pub fn parse_tune(s: &str) -> Result<TuneArg, String> {
     }
 }
 
+/// The port a profile of a host reached with `copy --ssh` is kept under.
+pub const SSH_PROFILE_PORT: u16 = 0;
+
 /// Where a transfer's profile lives, once its options are settled.
 pub struct Profiled {
     store: Option<ProfileStore>,
@@ -41,19 +44,21 @@ pub struct Profiled {
 
 /// Settles `opts` for a transfer to `host` in `direction`: with `auto`, fills in from the
 /// saved profile what the user did not fix; with `probe`, probes first (and saves); with
-/// `off`, turns online tuning off.
+/// `off`, turns online tuning off. Profiles are kept under `profile_port`: the server's
+/// port, or [`SSH_PROFILE_PORT`] for the one-shot servers of `copy --ssh`, whose ports
+/// change every time.
 pub async fn settle(
     tune: TuneArg,
     opts: &mut TransferOptions,
     fixed: Fixed,
-    host: &str,
+    (host, profile_port): (&str, u16),
     direction: Direction,
     mode: Mode,
 ) -> anyhow::Result<Profiled> {
     let mut p = Profiled {
         store: None,
         server: host.to_string(),
-        port: opts.port,
+        port: profile_port,
         direction,
     };
     if tune == TuneArg::Off {
@@ -77,12 +82,12 @@ pub async fn settle(
             &|_| {},
         )
         .await?;
-        let profile = report.profile(host, opts.port);
+        let profile = report.profile(host, profile_port);
         let saved = store.save(&profile).map_err(anyhow::Error::from);
         print_probe(mode, host, &report, saved.as_ref().ok());
         Some(profile)
     } else {
-        match store.load(host, opts.port, direction) {
+        match store.load(host, profile_port, direction) {
             Ok(found) => {
                 found.filter(|f| unix_now().saturating_sub(f.measured_at) < PROFILE_MAX_AGE_S)
             }
