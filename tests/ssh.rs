@@ -178,6 +178,34 @@ fn a_tree_goes_both_ways_over_ssh_and_nothing_stays_running() {
     );
     assert_eq!(one_shot_servers(&net), Vec::<String>::new());
 
+    // A probe over SSH saves the path's profile, and the next copy over SSH starts from it
+    // although its one-shot server has another port.
+    let probed = sshd
+        .copy(
+            &net,
+            BIN,
+            &["--tune", "probe", src.join("big").to_str().unwrap(), &dest],
+        )
+        .output()
+        .unwrap();
+    assert!(
+        probed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&probed.stderr)
+    );
+    let next = sshd
+        .copy(
+            &net,
+            BIN,
+            &["--json", src.join("big").to_str().unwrap(), &dest],
+        )
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&next.stdout);
+    let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    let origin = last["tuning"]["origin"].to_string();
+    assert!(origin.contains("profile (probe"), "{origin}");
+
     // The port asked for is the one the remote server takes: sshd's is refused there.
     let out = sshd
         .copy(
