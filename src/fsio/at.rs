@@ -6,6 +6,7 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd};
+use std::path::Path;
 
 use nix::fcntl::{openat, renameat, AtFlags, OFlag};
 use nix::sys::stat::{fstatat, mkdirat, FileStat, Mode};
@@ -13,7 +14,7 @@ use nix::unistd::{unlinkat, UnlinkatFlags};
 
 /// Opens (or creates, with `flags` holding `O_CREAT`) `name` in `dir`, never through a
 /// symlink.
-pub fn open(dir: &File, name: &str, flags: OFlag, mode: u32) -> io::Result<File> {
+pub fn open(dir: &impl AsRawFd, name: &str, flags: OFlag, mode: u32) -> io::Result<File> {
     let flags = flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     let fd = openat(
         Some(dir.as_raw_fd()),
@@ -26,7 +27,7 @@ pub fn open(dir: &File, name: &str, flags: OFlag, mode: u32) -> io::Result<File>
 }
 
 /// The status of `name` in `dir` itself (a symlink is not followed), `None` if absent.
-pub fn stat(dir: &File, name: &str) -> io::Result<Option<FileStat>> {
+pub fn stat(dir: &impl AsRawFd, name: &str) -> io::Result<Option<FileStat>> {
     match fstatat(Some(dir.as_raw_fd()), name, AtFlags::AT_SYMLINK_NOFOLLOW) {
         Ok(s) => Ok(Some(s)),
         Err(nix::Error::ENOENT) => Ok(None),
@@ -35,13 +36,13 @@ pub fn stat(dir: &File, name: &str) -> io::Result<Option<FileStat>> {
 }
 
 /// Renames `from` to `to`, both in `dir`.
-pub fn rename(dir: &File, from: &str, to: &str) -> io::Result<()> {
+pub fn rename(dir: &impl AsRawFd, from: &str, to: &str) -> io::Result<()> {
     let fd = Some(dir.as_raw_fd());
     Ok(renameat(fd, from, fd, to)?)
 }
 
 /// Removes the file `name` from `dir`.
-pub fn remove(dir: &File, name: &str) -> io::Result<()> {
+pub fn remove(dir: &impl AsRawFd, name: &str) -> io::Result<()> {
     Ok(unlinkat(
         Some(dir.as_raw_fd()),
         name,
@@ -50,12 +51,38 @@ pub fn remove(dir: &File, name: &str) -> io::Result<()> {
 }
 
 /// Creates directory `name` in `dir` (mode 777 less the umask; its own mode comes later).
-pub fn mkdir(dir: &File, name: &str) -> io::Result<()> {
+pub fn mkdir(dir: &impl AsRawFd, name: &str) -> io::Result<()> {
     Ok(mkdirat(
         Some(dir.as_raw_fd()),
         name,
         Mode::from_bits_truncate(0o777),
     )?)
+}
+
+/// Splits `path` into the directory to open (`.` for a bare name) and the name inside it;
+/// `None` when it has no name that is UTF-8.
+pub fn split(path: &Path) -> Option<(&Path, &str)> {
+    let name = path.file_name()?.to_str()?;
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    Some((parent, name))
+}
+
+/// The status of an open file or directory.
+pub fn fstat(f: &impl AsRawFd) -> io::Result<FileStat> {
+    Ok(nix::sys::stat::fstat(f.as_raw_fd())?)
+}
+
+/// Modification time in nanoseconds since the epoch, as manifests carry it.
+pub fn mtime_ns(s: &FileStat) -> i64 {
+    s.st_mtime * 1_000_000_000 + s.st_mtime_nsec
+}
+
+/// True when `s` is a symlink.
+pub fn is_symlink(s: &FileStat) -> bool {
+    s.st_mode & libc::S_IFMT == libc::S_IFLNK
 }
 
 /// True when `s` is a regular file.

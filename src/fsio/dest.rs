@@ -176,19 +176,13 @@ impl Destination {
         if matches!(self.layout, Layout::Stream(_)) {
             return Err(DestError::StreamNeedsOneFile(path.display().to_string()));
         }
-        let (Some(parent), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str()))
-        else {
+        let Some((parent, name)) = at::split(path) else {
             return Err(DestError::KindClash(path.display().to_string()));
-        };
-        let parent = if parent.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            parent
         };
         let dir = self.scope.open_dir(parent, true).map_err(io_err(path))?;
         match at::stat(&dir, name).map_err(io_err(path))? {
             Some(m) if at::is_dir(&m) => Ok(()),
-            Some(m) if m.st_mode & libc::S_IFMT == libc::S_IFLNK && path.is_dir() => {
+            Some(m) if at::is_symlink(&m) && path.is_dir() => {
                 self.scope.check_inside(path)?;
                 Ok(())
             }

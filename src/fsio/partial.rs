@@ -133,7 +133,6 @@ pub struct PartialFile {
     file: File,
     place: Place,
     journal: Option<Mutex<Journal>>,
-    journaled: bool,
     meta: FileMeta,
     block_size: u32,
     committed: AtomicBool,
@@ -151,19 +150,15 @@ struct Place {
 
 impl Place {
     fn of(scope: &Scope, target: &Path) -> io::Result<Place> {
-        let name = target.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
+        let (parent, name) = at::split(target).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("{} has no file name", target.display()),
             )
         })?;
-        let parent = match target.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
         Ok(Place {
             scope: scope.clone(),
-            parent,
+            parent: parent.to_path_buf(),
             name: name.to_string(),
             target: target.to_path_buf(),
         })
@@ -204,7 +199,7 @@ pub fn prepare(
         Some(m)
             if at::is_file(&m)
                 && m.st_size as u64 == meta.size
-                && m.st_mtime * 1_000_000_000 + m.st_mtime_nsec == meta.mtime_ns =>
+                && at::mtime_ns(&m) == meta.mtime_ns =>
         {
             remove_leftovers(&dir, &place);
             return Ok(Prepared::Skip);
@@ -278,7 +273,6 @@ pub fn prepare(
             file,
             place,
             journal,
-            journaled,
             meta,
             block_size,
             committed: AtomicBool::new(false),
@@ -374,15 +368,18 @@ impl PartialFile {
     }
 
     /// Commits the verified file under its final name, step by step in [`COMMIT_ORDER`],
-    /// calling `before` ahead of each step (tests crash the process there).
+    /// calling `before` ahead of each step (tests crash the process there). The directory is
+    /// opened once for all steps, so the rename, its sync and the journal's removal happen in
+    /// the same one.
     pub fn commit(&self, mut before: impl FnMut(CommitStep)) -> io::Result<()> {
+        let dir = self.place.dir()?;
         COMMIT_ORDER.iter().try_for_each(|&step| {
             before(step);
-            self.run(step)
+            self.run(step, &dir)
         })
     }
 
-    fn run(&self, step: CommitStep) -> io::Result<()> {
+    fn run(&self, step: CommitStep, dir: &File) -> io::Result<()> {
         match step {
             CommitStep::SetAttributes => {
                 let mode = super::masked_mode(self.meta.mode);
@@ -392,11 +389,10 @@ impl PartialFile {
             }
             CommitStep::SyncFile => self.file.sync_all(),
             CommitStep::Rename => {
-                let dir = self.place.dir()?;
                 let part = self.place.sibling(PART_SUFFIX);
                 // The name must still hold the file written and verified here.
                 let ours = self.file.metadata()?;
-                match at::stat(&dir, &part)? {
+                match at::stat(dir, &part)? {
                     Some(s) if (s.st_dev, s.st_ino) == (ours.dev(), ours.ino()) => {}
                     _ => {
                         return Err(io::Error::other(format!(
@@ -405,16 +401,14 @@ impl PartialFile {
                         )))
                     }
                 }
-                at::rename(&dir, &part, &self.place.name)?;
+                at::rename(dir, &part, &self.place.name)?;
                 self.committed.store(true, Ordering::SeqCst);
                 Ok(())
             }
-            CommitStep::SyncDir => self.place.dir()?.sync_all(),
+            CommitStep::SyncDir => dir.sync_all(),
             CommitStep::RemoveJournal => {
-                if self.journaled {
-                    if let Ok(dir) = self.place.dir() {
-                        let _ = at::remove(&dir, &self.place.sibling(JOURNAL_SUFFIX));
-                    }
+                if self.journal.is_some() {
+                    let _ = at::remove(dir, &self.place.sibling(JOURNAL_SUFFIX));
                 }
                 Ok(())
             }

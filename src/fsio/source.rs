@@ -2,17 +2,18 @@
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::fs::{File, Metadata, OpenOptions};
+use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::IntoRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::dir::Dir;
-use nix::fcntl::{openat, AtFlags, OFlag};
-use nix::sys::stat::{fstatat, FileStat, Mode};
+use nix::fcntl::OFlag;
+use nix::sys::stat::FileStat;
 
+use super::at;
 use super::partial::is_reserved_name;
 use super::root::Scope;
 use crate::channels::manifest::{Entry, EntryKind};
@@ -75,46 +76,6 @@ pub struct SourceFile {
     ino: u64,
 }
 
-/// What the walk needs of a file's status, from `fstat` or `fstatat`.
-struct Stat {
-    dir: bool,
-    file: bool,
-    len: u64,
-    mode: u32,
-    mtime_ns: i64,
-    dev: u64,
-    ino: u64,
-}
-
-impl From<&Metadata> for Stat {
-    fn from(m: &Metadata) -> Self {
-        Stat {
-            dir: m.is_dir(),
-            file: m.is_file(),
-            len: m.len(),
-            mode: m.mode(),
-            mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
-            dev: m.dev(),
-            ino: m.ino(),
-        }
-    }
-}
-
-impl From<&FileStat> for Stat {
-    fn from(m: &FileStat) -> Self {
-        let kind = m.st_mode & libc::S_IFMT;
-        Stat {
-            dir: kind == libc::S_IFDIR,
-            file: kind == libc::S_IFREG,
-            len: m.st_size as u64,
-            mode: m.st_mode,
-            mtime_ns: m.st_mtime * 1_000_000_000 + m.st_mtime_nsec,
-            dev: m.st_dev,
-            ino: m.st_ino,
-        }
-    }
-}
-
 /// A walked set of sources: the manifest and where each file lives.
 #[derive(Debug, Default)]
 pub struct SourceTree {
@@ -136,16 +97,16 @@ impl SourceTree {
         let mut tree = SourceTree::default();
         for src in sources {
             let f = scope.open(src).map_err(io_err(src))?;
-            let meta = f.metadata().map_err(io_err(src))?;
+            let st = at::fstat(&f).map_err(io_err(src))?;
             let name = top_level_name(src)?;
             if is_reserved_name(&name) {
                 return Err(SourceError::Reserved(src.display().to_string()));
             }
-            if meta.is_dir() && !recursive {
+            if at::is_dir(&st) && !recursive {
                 return Err(SourceError::IsDirectory(src.display().to_string()));
             }
-            let dir = meta.is_dir().then(|| OwnedFd::from(f));
-            tree.add(src, name, &Stat::from(&meta), dir, true)?;
+            let dir = at::is_dir(&st).then_some(f);
+            tree.add(src, name, &st, dir, true)?;
         }
         Ok(tree)
     }
@@ -155,23 +116,25 @@ impl SourceTree {
         &mut self,
         path: &Path,
         rel: String,
-        st: &Stat,
-        dir: Option<OwnedFd>,
+        st: &FileStat,
+        dir: Option<File>,
         follow: bool,
     ) -> Result<(), SourceError> {
         let id = self.entries.len() as u32;
-        let kind = if st.dir {
+        let kind = if at::is_dir(st) {
             EntryKind::Dir
-        } else if st.file {
-            EntryKind::File { size: st.len }
+        } else if at::is_file(st) {
+            EntryKind::File {
+                size: st.st_size as u64,
+            }
         } else {
             return Err(SourceError::Special(path.display().to_string()));
         };
         self.entries.push(Entry {
             id,
             path: rel.clone(),
-            mode: st.mode & 0o7777,
-            mtime_ns: st.mtime_ns,
+            mode: st.st_mode & 0o7777,
+            mtime_ns: at::mtime_ns(st),
             kind,
         });
         let Some(dir) = dir else {
@@ -180,8 +143,8 @@ impl SourceTree {
                 SourceFile {
                     path: path.to_path_buf(),
                     follow,
-                    dev: st.dev,
-                    ino: st.ino,
+                    dev: st.st_dev,
+                    ino: st.st_ino,
                 },
             );
             return Ok(());
@@ -196,31 +159,24 @@ impl SourceTree {
             }
         }
         names.sort();
-        let at = listing.as_raw_fd();
         for n in names {
             let cpath = path.join(OsStr::from_bytes(n.to_bytes()));
-            let Ok(cname) = n.to_str().map(str::to_owned) else {
+            let Ok(cname) = n.to_str() else {
                 return Err(SourceError::NotUtf8(cpath.display().to_string()));
             };
-            if is_reserved_name(&cname) {
+            if is_reserved_name(cname) {
                 return Err(SourceError::Reserved(cpath.display().to_string()));
             }
-            let cst = fstatat(Some(at), n.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
-                .map_err(nix_err(&cpath))?;
-            let cst = Stat::from(&cst);
+            let Some(cst) = at::stat(&listing, cname).map_err(io_err(&cpath))? else {
+                return Err(SourceError::Missing(cpath.display().to_string()));
+            };
             let crel = format!("{rel}/{cname}");
-            if cst.dir {
-                let flags =
-                    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-                let fd = openat(Some(at), n.as_c_str(), flags, Mode::empty())
-                    .map_err(nix_err(&cpath))?;
-                // SAFETY: openat returned a new descriptor that nothing else owns.
-                let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-                let st = File::from(fd.try_clone().map_err(io_err(&cpath))?)
-                    .metadata()
+            if at::is_dir(&cst) {
+                let d = at::open(&listing, cname, OFlag::O_RDONLY | OFlag::O_DIRECTORY, 0)
                     .map_err(io_err(&cpath))?;
-                self.add(&cpath, crel, &Stat::from(&st), Some(fd), false)?;
-            } else if cst.file {
+                let dst = at::fstat(&d).map_err(io_err(&cpath))?;
+                self.add(&cpath, crel, &dst, Some(d), false)?;
+            } else if at::is_file(&cst) {
                 self.add(&cpath, crel, &cst, None, false)?;
             } else {
                 self.passed_over.push(cpath.display().to_string());
