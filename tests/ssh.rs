@@ -72,23 +72,12 @@ fn sshd(net: &Dumbbell) -> Sshd {
         .spawn()
         .expect("start sshd");
     let d = Sshd { child, dir };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let probe = net
-            .command("s", "bash")
-            .args(["-c", &format!("exec 3<>/dev/tcp/{RECEIVER}/22")])
-            .output()
-            .unwrap();
-        if probe.status.success() {
-            return d;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "sshd did not start: {}",
-            fs::read_to_string(&log_path).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    assert!(
+        net.wait_listening(22, Duration::from_secs(20)),
+        "sshd did not start: {}",
+        fs::read_to_string(&log_path).unwrap_or_default()
+    );
+    d
 }
 
 impl Sshd {

@@ -6,6 +6,7 @@
 
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 
 /// Address of the receiver host inside its namespace.
 pub const RECEIVER: &str = "10.9.2.2";
@@ -171,18 +172,26 @@ impl Dumbbell {
             .spawn()
             .expect("start the server");
         // Wait until it accepts connections.
-        for _ in 0..100 {
+        self.wait_listening(port, Duration::from_secs(5));
+        ServerProc(child)
+    }
+
+    /// Waits (at most `limit`) until the receiver host accepts connections on `port` from the
+    /// sender host; false if it never did.
+    pub fn wait_listening(&self, port: u16, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
             let probe = self
                 .command("s", "bash")
                 .args(["-c", &format!("exec 3<>/dev/tcp/{RECEIVER}/{port}")])
                 .output()
                 .unwrap();
             if probe.status.success() {
-                break;
+                return true;
             }
-            std::thread::sleep(std::time::Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(50));
         }
-        ServerProc(child)
+        false
     }
 
     /// Runs `hsxfer ARGS` on the sender host and waits for it.
