@@ -45,7 +45,7 @@ Options:
   -h, --help          this help
 
 Environment:
-  HSXFER=/path/to/hsxfer   use this binary instead of running `cargo build --release`
+  HSXFER=/path/to/hsxfer   use this binary instead of running `cargo build --release --features cli`
 
 Exit status: 0 ok, 1 setup error or a run/verification failed, 3 target missed (--strict).
 EOF
@@ -137,8 +137,8 @@ if [[ -n ${HSXFER:-} ]]; then
     [[ -f $HSXFER && -x $HSXFER ]] || die "HSXFER=$HSXFER: hsxfer binary missing or not executable"
 else
     command -v cargo >/dev/null 2>&1 || die "cargo not found: install Rust, or set HSXFER=/path/to/hsxfer"
-    log "building hsxfer: cargo build --release (in $REPO_ROOT)"
-    (cd "$REPO_ROOT" && cargo build --release 1>&2) || die "cargo build --release failed"
+    log "building hsxfer: cargo build --release --features cli (in $REPO_ROOT)"
+    (cd "$REPO_ROOT" && cargo build --release --features cli 1>&2) || die "cargo build --release --features cli failed"
     _tdir=${CARGO_TARGET_DIR:-target}
     [[ $_tdir = /* ]] || _tdir="$REPO_ROOT/$_tdir"
     HSXFER="$_tdir/release/hsxfer"

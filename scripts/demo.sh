@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
-cargo build --release --quiet
+cargo build --release --quiet --features cli
 BIN="$PWD/target/release/hsxfer"
 WORK=$(mktemp -d /tmp/hsxfer-demo.XXXXXX)
 SERVER_PID=""

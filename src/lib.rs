@@ -27,12 +27,16 @@
 //!
 //! Layout: [`channels`] is the sans-IO protocol (codecs and state machines), [`transport`]
 //! the sockets, [`fsio`] the files, [`session`] the I/O glue (client, server, engines),
-//! [`tuning`] the defaults and path-dependent tuning, [`lab`] the emulated long fat network
-//! and the research experiments.
+//! [`tuning`] the defaults and path-dependent tuning; with the `lab` feature, `lab` is the
+//! emulated long fat network and the research experiments.
+//!
+//! Features: none by default, so a pipeline that embeds the library builds no command line,
+//! progress bars, plotting or lab code. `cli` builds the `hsxfer` binary (and `lab`).
 
 pub mod channels;
 pub mod error;
 pub mod fsio;
+#[cfg(feature = "lab")]
 pub mod lab;
 pub mod metrics;
 pub mod session;

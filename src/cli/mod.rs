@@ -3,7 +3,7 @@
 mod cc;
 mod doctor;
 mod lab;
-mod operands;
+
 mod output;
 mod probe;
 mod tune;
@@ -31,7 +31,7 @@ use hsxfer::{
     ServerLimits, TransferOptions, TransferReport, Tune, DEFAULT_PORT,
 };
 
-use operands::Direction;
+use hsxfer::fsio::operands::{self, Direction};
 use output::Mode;
 
 /// High-performance bulk data transfer over parallel TCP channels.
