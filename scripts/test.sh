@@ -8,16 +8,22 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
-cargo fmt --check
+cargo fmt --all --check
 # The committed BPF objects must be what their sources build to.
 make -C bpf check
 cargo clippy --release --all-targets --all-features -- -D warnings
 # The library alone, as a pipeline embeds it (no command line, no lab).
 cargo clippy --release --lib -- -D warnings
+cargo clippy --release -p hsxfer-python -- -D warnings
 # Every test binary runs even when an earlier one fails; any failure still fails the script.
 cargo test --release --all-targets --all-features --no-fail-fast
 # The examples in the documentation (--all-targets leaves them out).
 cargo test --release --doc --all-features
+# The Python package, installed as its users install it, and its tests against a server on
+# loopback. The build shares target/ with the rest.
+python3 -m venv target/pyenv
+target/pyenv/bin/pip install --quiet ./python pytest
+target/pyenv/bin/python -m pytest -q python/tests
 # Fuzz the peer-input decoders for a short while (the same invariants run in the unit tests).
 command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked --quiet
 (cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run decoders --fuzz-dir . -- -max_total_time=30 2>&1 | tail -n 2)

@@ -1,0 +1,249 @@
+"""Bulk data transfer over N parallel TCP channels, from Python.
+
+The same library as the ``hsxfer`` command: one control connection and N data channels on the
+server's one port, every block checked on arrival and every file end to end, interrupted
+transfers resumed where they stopped, and the transfer tuned to the path while it runs.
+
+>>> import hsxfer
+>>> report = hsxfer.copy(["data/"], "dtn1:incoming/", channels=8,
+...                      token_file="/home/me/.hsxfer-token", recursive=True,
+...                      progress=lambda p: print(p["bytes"], "of", p["expected"]))
+>>> report["verified"], report["goodput_bps"]
+
+Transfers release the GIL while they run. The progress callback is called on the calling
+thread every ``interval`` seconds (and once at the end) with a dict: ``bytes`` and
+``expected`` (payload bytes so far and in all, as far as known), ``files_done``, ``seconds``,
+and ``channels`` (bytes per data channel). If the callback raises, or on Ctrl-C, the transfer
+stops and the exception propagates; the server keeps what arrived, and the same call later
+resumes from there.
+
+Errors are :class:`Error` (or one of its subclasses) with the same one-line messages as the
+command line; bad arguments raise :class:`ValueError`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
+
+from . import _native
+from ._native import AuthError, BusyError, ConnectError, Error
+
+__all__ = [
+    "AuthError",
+    "BusyError",
+    "ConnectError",
+    "DEFAULT_PORT",
+    "Error",
+    "Server",
+    "bench",
+    "copy",
+    "probe",
+    "pull",
+    "push",
+]
+
+#: The port ``hsxfer serve`` listens on by default.
+DEFAULT_PORT: int = _native.DEFAULT_PORT
+
+PathLike = Union[str, "os.PathLike[str]"]
+Progress = Callable[[Dict[str, Any]], Any]
+
+
+def _options(
+    channels: Optional[int],
+    port: int,
+    token_file: Optional[PathLike],
+    block_size: Optional[int],
+    cc: Union[None, str, Sequence[str]],
+    rate: Optional[int],
+    pace: Optional[int],
+    tune: bool,
+    policy: str,
+) -> Dict[str, Any]:
+    if isinstance(cc, str):
+        cc = [cc]
+    return {
+        "channels": channels,
+        "port": port,
+        "token_file": os.fspath(token_file) if token_file is not None else None,
+        "block_size": block_size,
+        "cc": list(cc or []),
+        "rate": rate,
+        "pace": pace,
+        "tune": tune,
+        "policy": policy,
+    }
+
+
+def _operands(sources: Union[PathLike, Iterable[PathLike]], dest: PathLike) -> List[str]:
+    if isinstance(sources, (str, os.PathLike)):
+        sources = [sources]
+    return [os.fspath(s) for s in sources] + [os.fspath(dest)]
+
+
+def copy(
+    sources: Union[PathLike, Iterable[PathLike]],
+    dest: PathLike,
+    *,
+    recursive: bool = False,
+    channels: Optional[int] = None,
+    port: int = DEFAULT_PORT,
+    token_file: Optional[PathLike] = None,
+    block_size: Optional[int] = None,
+    cc: Union[None, str, Sequence[str]] = None,
+    rate: Optional[int] = None,
+    pace: Optional[int] = None,
+    tune: bool = True,
+    policy: str = "fair",
+    progress: Optional[Progress] = None,
+    interval: float = 0.5,
+    _expect: Optional[str] = None,
+) -> Dict[str, Any]:
+    """Copies files to or from an ``hsxfer serve`` server, like ``hsxfer copy``.
+
+    Operands are as for ``scp``: ``HOST:PATH`` is remote (relative to the server's root),
+    anything else local (write ``./a:b`` for a local name with a colon). Local sources and a
+    remote ``dest`` push; remote sources and a local ``dest`` pull.
+
+    ``channels`` fixes the number of data channels (default: tuned while the copy runs).
+    ``token_file`` is the server's shared secret (``hsxfer token new``); without it the server
+    must run ``--no-auth`` on loopback. ``cc`` names congestion controls, cycled over the
+    channels; ``rate`` is the path's bottleneck in bits/s if known; ``pace`` caps each
+    channel, bits/s; ``tune=False`` keeps the settings planned at the start; ``policy`` is
+    ``"fair"`` or ``"fast"`` (may choose BBR).
+
+    Returns the report as a dict: the fields of ``hsxfer copy --json``'s summary (``bytes``,
+    ``seconds``, ``goodput_bps``, ``verified``, ``files``, ``bytes_resumed``, ``channels``,
+    ``tuning``, ...), see docs/json.md.
+    """
+    options = _options(channels, port, token_file, block_size, cc, rate, pace, tune, policy)
+    report = _native.copy(
+        _operands(sources, dest),
+        options,
+        recursive=recursive,
+        expect=_expect,
+        progress=progress,
+        interval=interval,
+    )
+    return json.loads(report)
+
+
+def push(sources: Union[PathLike, Iterable[PathLike]], dest: str, **kwargs: Any) -> Dict[str, Any]:
+    """Sends local ``sources`` to ``dest`` (``HOST:PATH``). Keywords as for :func:`copy`."""
+    return copy(sources, dest, _expect="push", **kwargs)
+
+
+def pull(sources: Union[str, Iterable[str]], dest: PathLike, **kwargs: Any) -> Dict[str, Any]:
+    """Fetches ``sources`` (``HOST:PATH``, one host) into local ``dest``. Keywords as for
+    :func:`copy`."""
+    return copy(sources, dest, _expect="pull", **kwargs)
+
+
+def bench(
+    host: str,
+    *,
+    direction: str = "upload",
+    bytes: Optional[int] = None,
+    seconds: Optional[float] = None,
+    channels: Optional[int] = None,
+    port: int = DEFAULT_PORT,
+    token_file: Optional[PathLike] = None,
+    block_size: Optional[int] = None,
+    cc: Union[None, str, Sequence[str]] = None,
+    rate: Optional[int] = None,
+    pace: Optional[int] = None,
+    tune: bool = True,
+    policy: str = "fair",
+    progress: Optional[Progress] = None,
+    interval: float = 0.5,
+) -> Dict[str, Any]:
+    """Memory to memory through the whole protocol, like ``hsxfer bench``: ``bytes`` or
+    ``seconds`` (one of them; default 10 s) of generated data, ``direction`` ``"upload"`` or
+    ``"download"``. Returns the report, as :func:`copy` does."""
+    options = _options(channels, port, token_file, block_size, cc, rate, pace, tune, policy)
+    if bytes is None and seconds is None:
+        seconds = 10.0
+    report = _native.bench(
+        host,
+        options,
+        direction=direction,
+        bytes=bytes,
+        seconds=seconds,
+        progress=progress,
+        interval=interval,
+    )
+    return json.loads(report)
+
+
+def probe(
+    host: str,
+    *,
+    port: int = DEFAULT_PORT,
+    token_file: Optional[PathLike] = None,
+    budget: float = 10.0,
+    direction: str = "push",
+    policy: str = "fair",
+) -> Dict[str, Any]:
+    """Measures the path to ``host`` and ranks congestion control x channels x pacing within
+    ``budget`` seconds, like ``hsxfer probe --json``. Returns the report as a dict
+    (``rtt_ms``, ``rate_bps``, ``recommendation``, ``flags``, ``candidates``, ...)."""
+    report = _native.probe(
+        host,
+        port=port,
+        token_file=os.fspath(token_file) if token_file is not None else None,
+        budget=budget,
+        direction=direction,
+        policy=policy,
+    )
+    return json.loads(report)
+
+
+class Server:
+    """An hsxfer server in this process, serving ``root`` until closed.
+
+    Use it as a context manager::
+
+        with hsxfer.Server("/data", token_file="/etc/hsxfer/token", listen="0.0.0.0") as s:
+            print("serving on port", s.port)
+            ...
+
+    ``port=0`` (the default) takes a free port. Without ``token_file`` it runs without
+    authentication, which is allowed only on a loopback address.
+    """
+
+    def __init__(
+        self,
+        root: PathLike,
+        *,
+        token_file: Optional[PathLike] = None,
+        listen: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self._server = _native.Server(
+            os.fspath(root),
+            token_file=os.fspath(token_file) if token_file is not None else None,
+            listen=listen,
+            port=port,
+        )
+
+    @property
+    def port(self) -> int:
+        """The port it listens on."""
+        return self._server.port
+
+    @property
+    def address(self) -> str:
+        """``IP:PORT`` it listens on."""
+        return self._server.address
+
+    def close(self) -> None:
+        """Stops accepting connections; sessions already running end on their own."""
+        self._server.close()
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,396 @@
+//! `hsxfer._native`: the Rust half of the Python package (`python/hsxfer/__init__.py` is the
+//! documented face).
+//!
+//! Every transfer runs on one tokio runtime shared by the process. The calling thread waits
+//! for it with the GIL released, in steps of the progress interval; between steps it calls
+//! the progress callback and checks for Ctrl-C. A callback that raises, or Ctrl-C, stops the
+//! transfer: its sockets close, and the server keeps the partial files and their journals,
+//! so the same call later resumes.
+
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use hsxfer::fsio::operands::{self, Direction};
+use hsxfer::probe::ProbeOptions;
+use hsxfer::tuning::desync::PaceChoice;
+use hsxfer::{
+    Auth, BenchDirection, Client, LiveStats, PathRate, Server, ServerConfig, ServerLimits,
+    TransferOptions, TransferReport, Tune,
+};
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use serde::de::DeserializeOwned;
+use tokio::runtime::Runtime;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+create_exception!(
+    hsxfer,
+    Error,
+    PyException,
+    "A transfer, probe or server failed; the message says what went wrong and what to do."
+);
+create_exception!(
+    hsxfer,
+    AuthError,
+    Error,
+    "The server refused the token, or could not prove it holds it."
+);
+create_exception!(
+    hsxfer,
+    ConnectError,
+    Error,
+    "The server could not be reached, or is not an hsxfer server."
+);
+create_exception!(
+    hsxfer,
+    BusyError,
+    Error,
+    "The server is at one of its session caps: retry later."
+);
+
+/// The library's error as the Python exception of its kind, with the same one-line message.
+fn raise(e: hsxfer::Error) -> PyErr {
+    use hsxfer::Error as E;
+    let message = e.to_string();
+    match e {
+        E::AuthRefused(_) | E::ServerNotAuthentic(_) => AuthError::new_err(message),
+        E::Resolve { .. } | E::Connect { .. } | E::NotHsxfer(_) => ConnectError::new_err(message),
+        E::Busy { .. } => BusyError::new_err(message),
+        E::Usage(_) => PyValueError::new_err(message),
+        _ => Error::new_err(message),
+    }
+}
+
+/// The process's one runtime, started on first use.
+fn runtime() -> &'static Runtime {
+    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .thread_name("hsxfer")
+            .build()
+            .expect("a tokio runtime")
+    })
+}
+
+/// A token file, or no authentication (which servers allow only on loopback).
+fn auth(token_file: Option<PathBuf>) -> PyResult<Auth> {
+    token_file.map_or(Ok(Auth::NoAuth), |p| {
+        Auth::from_token_file(&p).map_err(raise)
+    })
+}
+
+/// A name from the library's serde vocabulary (`"push"`, `"fair"`, …).
+fn named<T: DeserializeOwned>(what: &str, value: &str) -> PyResult<T> {
+    serde_json::from_value(serde_json::Value::String(value.into()))
+        .map_err(|_| PyValueError::new_err(format!("{what} {value:?} is not one of the choices")))
+}
+
+/// Serializes a report for `json.loads` on the Python side.
+fn json<T: serde::Serialize>(value: &T) -> PyResult<String> {
+    serde_json::to_string(value).map_err(|e| Error::new_err(format!("report: {e}")))
+}
+
+/// What the progress callback gets.
+fn snapshot<'py>(py: Python<'py>, live: &LiveStats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("bytes", live.total())?;
+    d.set_item("expected", live.expected())?;
+    d.set_item("files_done", live.files_done())?;
+    d.set_item("seconds", live.elapsed())?;
+    d.set_item("channels", live.channel_bytes())?;
+    Ok(d)
+}
+
+/// Runs `work` to its end with the GIL released, calling `progress` every `interval`; a
+/// callback that raises, or Ctrl-C, aborts the work and raises in the caller.
+fn drive<T: Send + 'static>(
+    py: Python<'_>,
+    work: impl Future<Output = hsxfer::Result<T>> + Send + 'static,
+    live: &LiveStats,
+    progress: Option<&Bound<'_, PyAny>>,
+    interval: f64,
+) -> PyResult<T> {
+    if !(0.01..=3600.0).contains(&interval) {
+        return Err(PyValueError::new_err(format!(
+            "interval {interval} is out of range: use 0.01 to 3600 seconds"
+        )));
+    }
+    let step = Duration::from_secs_f64(interval);
+    let rt = runtime();
+    let mut task = rt.spawn(work);
+    loop {
+        // The timer must be made inside the runtime.
+        let waited =
+            py.detach(|| rt.block_on(async { tokio::time::timeout(step, &mut task).await }));
+        if let Ok(joined) = waited {
+            let result = joined.map_err(|e| Error::new_err(format!("the transfer task: {e}")))?;
+            let value = result.map_err(raise)?;
+            if let Some(cb) = progress {
+                cb.call1((snapshot(py, live)?,))?;
+            }
+            return Ok(value);
+        }
+        let asked_to_stop = py.check_signals().and_then(|()| {
+            progress.map_or(Ok(()), |cb| cb.call1((snapshot(py, live)?,)).map(drop))
+        });
+        if let Err(e) = asked_to_stop {
+            task.abort();
+            let _ = py.detach(|| rt.block_on(&mut task));
+            return Err(e);
+        }
+    }
+}
+
+/// Transfer options from the Python keywords; `None` keeps the library's default.
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+struct Options {
+    channels: Option<u16>,
+    port: u16,
+    token_file: Option<PathBuf>,
+    block_size: Option<u32>,
+    cc: Vec<String>,
+    rate: Option<u64>,
+    pace: Option<u64>,
+    tune: bool,
+    policy: String,
+}
+
+impl Options {
+    /// Like the command line: a given channel count is also the most the tuner may run.
+    fn transfer(self) -> PyResult<TransferOptions> {
+        let d = TransferOptions::default();
+        let opts = TransferOptions {
+            channels: self.channels.unwrap_or(d.channels),
+            max_channels: self.channels.unwrap_or(d.max_channels),
+            block_size: self.block_size.unwrap_or(d.block_size),
+            port: self.port,
+            auth: auth(self.token_file)?,
+            cc: self.cc,
+            rate: self.rate.map_or(PathRate::Unknown, PathRate::Given),
+            pace: self.pace.map_or(d.pace, |bits| PaceChoice::Fixed(bits / 8)),
+            tune: if self.tune { Tune::Online } else { Tune::Off },
+            policy: named("policy", &self.policy)?,
+            ..d
+        };
+        opts.validate().map_err(raise)?;
+        Ok(opts)
+    }
+}
+
+/// `copy(operands, options)`: the last operand is the destination; `HOST:PATH` operands are
+/// remote, as with `hsxfer copy`. `expect` ("push" or "pull") refuses the other direction.
+#[pyfunction]
+#[pyo3(signature = (operands, options, *, recursive, expect=None, progress=None, interval=0.5))]
+fn copy(
+    py: Python<'_>,
+    operands: Vec<String>,
+    options: Options,
+    recursive: bool,
+    expect: Option<&str>,
+    progress: Option<&Bound<'_, PyAny>>,
+    interval: f64,
+) -> PyResult<String> {
+    let direction = operands::direction(&operands).map_err(PyValueError::new_err)?;
+    let opts = options.transfer()?;
+    let live = Arc::new(LiveStats::new(opts.channels as usize));
+    let l = live.clone();
+    let report: TransferReport = match direction {
+        Direction::Push {
+            host,
+            sources,
+            dest,
+        } => {
+            if expect == Some("pull") {
+                return Err(PyValueError::new_err(
+                    "pull: the sources must be remote (HOST:PATH) and the destination local",
+                ));
+            }
+            let sources: Vec<PathBuf> = sources.into_iter().map(PathBuf::from).collect();
+            let work = async move {
+                Client::new(&host, opts)
+                    .push(&sources, recursive, &dest, &l)
+                    .await
+            };
+            drive(py, work, &live, progress, interval)?
+        }
+        Direction::Pull {
+            host,
+            sources,
+            dest,
+        } => {
+            if expect == Some("push") {
+                return Err(PyValueError::new_err(
+                    "push: the sources must be local and the destination remote (HOST:PATH)",
+                ));
+            }
+            let work = async move {
+                Client::new(&host, opts)
+                    .pull(&sources, recursive, &dest, &l)
+                    .await
+            };
+            drive(py, work, &live, progress, interval)?
+        }
+    };
+    json(&report)
+}
+
+/// `bench(host, options)`: generated data through the whole protocol, discarded on arrival.
+#[pyfunction]
+#[pyo3(name = "bench", signature = (host, options, *, direction="upload", bytes=None, seconds=None, progress=None, interval=0.5))]
+#[allow(clippy::too_many_arguments)] // the Python keywords, one by one
+fn bench_memory(
+    py: Python<'_>,
+    host: String,
+    options: Options,
+    direction: &str,
+    bytes: Option<u64>,
+    seconds: Option<f64>,
+    progress: Option<&Bound<'_, PyAny>>,
+    interval: f64,
+) -> PyResult<String> {
+    let direction: BenchDirection = named("direction", direction)?;
+    let opts = options.transfer()?;
+    let live = Arc::new(LiveStats::new(opts.channels as usize));
+    let l = live.clone();
+    let work = async move {
+        Client::new(&host, opts)
+            .bench(direction, bytes, seconds, &l)
+            .await
+    };
+    json(&drive(py, work, &live, progress, interval)?)
+}
+
+/// `probe(host, …)`: measures the path and ranks configurations within `budget` seconds.
+#[pyfunction]
+#[pyo3(signature = (host, *, port, token_file=None, budget=10.0, direction="push", policy="fair"))]
+fn probe(
+    py: Python<'_>,
+    host: String,
+    port: u16,
+    token_file: Option<PathBuf>,
+    budget: f64,
+    direction: &str,
+    policy: &str,
+) -> PyResult<String> {
+    if !(0.0..=86_400.0).contains(&budget) {
+        return Err(PyValueError::new_err(format!(
+            "budget {budget} is out of range: use 0 to 86400 seconds"
+        )));
+    }
+    let opts = ProbeOptions {
+        port,
+        auth: auth(token_file)?,
+        budget: Duration::from_secs_f64(budget),
+        direction: named("direction", direction)?,
+        policy: named("policy", policy)?,
+    };
+    let work = async move { hsxfer::probe::probe(&host, &opts, &|_| {}).await };
+    json(&drive(py, work, &LiveStats::new(0), None, 0.2)?)
+}
+
+/// A server on this process's runtime, serving until [`ServerHandle::close`].
+#[pyclass(module = "hsxfer._native", name = "Server")]
+struct ServerHandle {
+    address: SocketAddr,
+    stop: Mutex<Option<oneshot::Sender<()>>>,
+    task: Mutex<Option<JoinHandle<hsxfer::Result<()>>>>,
+}
+
+#[pymethods]
+impl ServerHandle {
+    /// Binds `listen`:`port` (port 0: a free one) and starts serving `root`.
+    #[new]
+    #[pyo3(signature = (root, *, token_file=None, listen="127.0.0.1", port=0))]
+    fn new(
+        py: Python<'_>,
+        root: PathBuf,
+        token_file: Option<PathBuf>,
+        listen: &str,
+        port: u16,
+    ) -> PyResult<Self> {
+        let ip: IpAddr = listen.parse().map_err(|_| {
+            PyValueError::new_err(format!("listen address {listen:?} is not an IP address"))
+        })?;
+        let config = ServerConfig {
+            root,
+            listen: SocketAddr::new(ip, port),
+            auth: auth(token_file)?,
+            faults: Default::default(),
+            limits: ServerLimits::default(),
+        };
+        let rt = runtime();
+        let server = py.detach(|| rt.block_on(Server::bind(config)).map_err(raise))?;
+        let address = server.local_addr();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = rt.spawn(async move {
+            tokio::select! {
+                r = server.run() => r,
+                _ = stopped => Ok(()),
+            }
+        });
+        Ok(ServerHandle {
+            address,
+            stop: Mutex::new(Some(stop)),
+            task: Mutex::new(Some(task)),
+        })
+    }
+
+    /// The port it listens on.
+    #[getter]
+    fn port(&self) -> u16 {
+        self.address.port()
+    }
+
+    /// The address it listens on, as `IP:PORT`.
+    #[getter]
+    fn address(&self) -> String {
+        self.address.to_string()
+    }
+
+    /// Stops accepting connections (sessions already running end on their own). Raises
+    /// if the server had failed.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        if let Some(stop) = self.stop.lock().expect("server lock").take() {
+            let _ = stop.send(());
+        }
+        let Some(task) = self.task.lock().expect("server lock").take() else {
+            return Ok(());
+        };
+        match py.detach(|| runtime().block_on(task)) {
+            Ok(served) => served.map_err(raise),
+            Err(e) => Err(Error::new_err(format!("the server task: {e}"))),
+        }
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.get_mut().ok().and_then(Option::take) {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// The module.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_function(wrap_pyfunction!(copy, m)?)?;
+    m.add_function(wrap_pyfunction!(bench_memory, m)?)?;
+    m.add_function(wrap_pyfunction!(probe, m)?)?;
+    m.add_class::<ServerHandle>()?;
+    m.add("Error", py.get_type::<Error>())?;
+    m.add("AuthError", py.get_type::<AuthError>())?;
+    m.add("ConnectError", py.get_type::<ConnectError>())?;
+    m.add("BusyError", py.get_type::<BusyError>())?;
+    m.add("DEFAULT_PORT", hsxfer::DEFAULT_PORT)?;
+    Ok(())
+}

@@ -1,0 +1,212 @@
+"""The Python package against a real server on loopback (hsxfer.Server, in this process)."""
+
+import hashlib
+import os
+import secrets
+import threading
+import time
+
+import pytest
+
+import hsxfer
+
+
+def write_token(path):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32) + "\n")
+    return path
+
+
+def random_file(path, size):
+    with open(path, "wb") as f:
+        f.write(os.urandom(size))
+
+
+def digest(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def tree_digests(top):
+    out = {}
+    for d, _, files in os.walk(top):
+        for name in files:
+            p = os.path.join(d, name)
+            out[os.path.relpath(p, top)] = digest(p)
+    return out
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A server with a token, its root, and the token file (outside the root)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    token = write_token(tmp_path / "token")
+    with hsxfer.Server(root, token_file=token) as server:
+        yield server, root, token
+
+
+def remote(server, path):
+    return f"127.0.0.1:{path}"
+
+
+def test_push_and_pull_a_tree_with_progress(served, tmp_path):
+    server, root, token = served
+    data = tmp_path / "data"
+    (data / "sub").mkdir(parents=True)
+    for i in range(20):
+        random_file(data / f"f{i}", 1000 * i + 1)
+    random_file(data / "sub" / "big", 9 << 20)
+    (root / "incoming").mkdir()
+    seen = []
+    report = hsxfer.push(
+        [str(data)],
+        remote(server, "incoming/"),
+        recursive=True,
+        channels=4,
+        port=server.port,
+        token_file=token,
+        progress=seen.append,
+        interval=0.05,
+    )
+    assert report["operation"] == "push"
+    assert report["verified"] is True
+    assert report["files"] == 21
+    assert tree_digests(root / "incoming" / "data") == tree_digests(data)
+    # The callback saw the transfer: counters only grow, and the last call is the end.
+    assert seen, "the progress callback was never called"
+    assert [p["bytes"] for p in seen] == sorted(p["bytes"] for p in seen)
+    assert seen[-1]["bytes"] == seen[-1]["expected"] == report["bytes"]
+    assert seen[-1]["files_done"] == 21
+    assert sum(seen[-1]["channels"]) == report["bytes"]
+
+    back = tmp_path / "back"
+    back.mkdir()
+    report = hsxfer.pull(
+        remote(server, "incoming/data"),
+        back,
+        recursive=True,
+        port=server.port,
+        token_file=token,
+    )
+    assert report["operation"] == "pull" and report["verified"] is True
+    assert tree_digests(back / "data") == tree_digests(data)
+
+
+def test_copy_tells_push_from_pull_and_refuses_nonsense(served, tmp_path):
+    server, root, token = served
+    random_file(tmp_path / "one", 12345)
+    r = hsxfer.copy(tmp_path / "one", remote(server, "x"), port=server.port, token_file=token)
+    assert r["operation"] == "push" and digest(root / "x") == digest(tmp_path / "one")
+    with pytest.raises(ValueError, match="one side must be local|remote"):
+        hsxfer.copy([remote(server, "x")], remote(server, "y"), port=server.port)
+    with pytest.raises(ValueError, match="must be remote"):
+        hsxfer.pull([str(tmp_path / "one")], remote(server, "y"), port=server.port)
+    with pytest.raises(ValueError, match="channel count 0 is out of range"):
+        hsxfer.push([str(tmp_path / "one")], remote(server, "y"), channels=0, port=server.port)
+
+
+def test_a_wrong_token_raises_auth_error_with_the_cli_message(served, tmp_path):
+    server, _, _ = served
+    random_file(tmp_path / "one", 1000)
+    other = write_token(tmp_path / "other-token")
+    with pytest.raises(hsxfer.AuthError) as e:
+        hsxfer.push([str(tmp_path / "one")], remote(server, "x"), port=server.port, token_file=other)
+    assert "authentication refused" in str(e.value) and "\n" not in str(e.value)
+    assert isinstance(e.value, hsxfer.Error)
+
+
+def test_nothing_listening_raises_connect_error(tmp_path):
+    random_file(tmp_path / "one", 1000)
+    with hsxfer.Server(tmp_path) as s:
+        port = s.port
+    with pytest.raises(hsxfer.ConnectError, match="cannot connect"):
+        hsxfer.push([str(tmp_path / "one")], "127.0.0.1:x", port=port)
+
+
+def test_a_server_without_token_is_refused_off_loopback(tmp_path):
+    with pytest.raises(ValueError, match="only allowed on a loopback address"):
+        hsxfer.Server(tmp_path, listen="0.0.0.0")
+
+
+def test_an_interrupted_push_resumes(served, tmp_path):
+    """A callback that raises stops the copy; the same copy again sends only what is missing."""
+    server, root, token = served
+    size = 96 << 20
+    random_file(tmp_path / "big", size)
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_a_third(p):
+        if p["bytes"] >= size // 3:
+            raise Stop()
+
+    with pytest.raises(Stop):
+        # 2 channels paced at 80 Mbit/s each: about 5 s for the whole file.
+        hsxfer.push([str(tmp_path / "big")], remote(server, "big"), channels=2, pace=80_000_000,
+                    tune=False, port=server.port, token_file=token, progress=stop_at_a_third,
+                    interval=0.05)
+    assert not (root / "big").exists(), "an interrupted file appeared under its final name"
+    # The server may still be closing the first session (it holds the partial file's lock).
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            report = hsxfer.push([str(tmp_path / "big")], remote(server, "big"), port=server.port,
+                                 token_file=token)
+            break
+        except hsxfer.Error as e:
+            if "another transfer" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    assert report["verified"] is True
+    assert report["bytes_resumed"] > 0, report
+    assert report["bytes"] < size
+    assert digest(root / "big") == digest(tmp_path / "big")
+
+
+def test_the_gil_is_released_while_a_transfer_runs(served, tmp_path):
+    server, _, token = served
+    random_file(tmp_path / "f", 24 << 20)
+    done = {}
+
+    def transfer():
+        t = time.monotonic()
+        # One channel paced at 64 Mbit/s: about 3 s; no progress callback, so the thread
+        # never takes the GIL back until the end, unless it never let it go.
+        hsxfer.push([str(tmp_path / "f")], remote(server, "f"), channels=1, pace=64_000_000,
+                    tune=False, port=server.port, token_file=token)
+        done["seconds"] = time.monotonic() - t
+
+    worker = threading.Thread(target=transfer)
+    worker.start()
+    ticks = 0
+    while worker.is_alive():
+        ticks += 1
+        time.sleep(0.001)
+    worker.join()
+    assert done["seconds"] > 1.0
+    # Each tick is at least 1 ms: a held GIL would allow a handful per 0.5 s wait.
+    assert ticks > 200 * done["seconds"], (ticks, done)
+
+
+def test_bench_moves_generated_data(served):
+    server, _, token = served
+    r = hsxfer.bench("127.0.0.1", bytes=32 << 20, channels=2, port=server.port, token_file=token)
+    assert r["operation"] == "bench-upload" and r["bytes"] >= 32 << 20
+    r = hsxfer.bench("127.0.0.1", direction="download", bytes=8 << 20, port=server.port,
+                     token_file=token)
+    assert r["operation"] == "bench-download" and r["bytes"] >= 8 << 20
+    with pytest.raises(ValueError, match="direction"):
+        hsxfer.bench("127.0.0.1", direction="sideways", port=server.port, token_file=token)
+
+
+def test_probe_measures_the_path_and_recommends(served):
+    server, _, token = served
+    r = hsxfer.probe("127.0.0.1", port=server.port, token_file=token, budget=6)
+    assert r["direction"] == "push" and r["rtt_ms"] >= 0
+    assert r["candidates"], r
+    assert r["flags"].startswith("-n ") or "--" in r["flags"], r["flags"]
+    with pytest.raises(ValueError, match="too short"):
+        hsxfer.probe("127.0.0.1", port=server.port, token_file=token, budget=0.5)
