@@ -12,8 +12,10 @@ use crate::fsio::source::SourceError;
 use crate::transport::cc::NotInForce;
 use crate::transport::route;
 
-/// Everything that can end a transfer or a server session.
+/// Everything that can end a transfer or a server session. New kinds may be added, so a
+/// `match` needs a catch-all arm.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The host name did not resolve.
     #[error("cannot resolve host '{host}': {source}")]
@@ -91,6 +93,14 @@ pub enum Error {
     /// A server could not be started over SSH.
     #[error("{0}")]
     Ssh(String),
+    /// A task of hsxfer's own failed or panicked: a bug, not the peer's doing.
+    #[error("{what} failed inside hsxfer: {source} (a bug: please report it)")]
+    Task {
+        /// What the task did.
+        what: &'static str,
+        /// Why it ended.
+        source: tokio::task::JoinError,
+    },
     /// A step took too long.
     #[error("timed out {0}")]
     Timeout(&'static str),
@@ -112,6 +122,11 @@ impl Error {
     pub fn io(context: impl Into<String>) -> impl FnOnce(io::Error) -> Error {
         let context = context.into();
         move |source| Error::Io { context, source }
+    }
+
+    /// Wraps a failed task's join error, naming what the task did.
+    pub fn task(what: &'static str) -> impl FnOnce(tokio::task::JoinError) -> Error {
+        move |source| Error::Task { what, source }
     }
 }
 

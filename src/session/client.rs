@@ -471,7 +471,7 @@ impl Client {
         }
         let mut channels = Vec::new();
         while let Some(j) = joins.join_next().await {
-            channels.push(j.map_err(|e| Error::Malformed(format!("join task: {e}")))??);
+            channels.push(j.map_err(Error::task("connecting a data channel"))??);
         }
         channels.sort_by_key(|c| c.0);
         let channels: Vec<TcpStream> = channels.into_iter().map(|c| c.1).collect();

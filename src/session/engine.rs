@@ -52,7 +52,7 @@ async fn real_cause<R: AsyncRead + Unpin>(
 
 /// The outcome of a finished data-channel task, as an error if it failed or panicked.
 pub fn channel_ended(r: Result<Result<()>, JoinError>) -> Result<()> {
-    r.map_err(|e| Error::Malformed(format!("channel task failed: {e}")))?
+    r.map_err(Error::task("a data channel"))?
 }
 
 /// Ends an engine: on success waits for every channel task to finish cleanly; on failure

@@ -190,7 +190,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                     None => return Err(Error::PeerVanished),
                 },
                 Some(done) = commits.join_next() => {
-                    let file = done.map_err(|e| Error::Malformed(format!("commit failed: {e}")))??;
+                    let file = done.map_err(Error::task("committing a file"))??;
                     lock(shared).targets.remove(&file);
                     pending_files -= 1;
                     self.live.file_done();
@@ -261,7 +261,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         let (sink, bs, key) = (self.sink.clone(), self.block_size, self.digest_key);
         let prepared = tokio::task::spawn_blocking(move || prepare_chunk(&sink, entries, bs, &key))
             .await
-            .map_err(|e| Error::Malformed(format!("planning failed: {e}")))??;
+            .map_err(Error::task("planning the files"))??;
         let mut plans = Vec::new();
         let mut s = lock(shared);
         for (entry, target, prep) in prepared {
@@ -384,7 +384,7 @@ async fn finish_dirs(scope: Scope, mut dirs: Vec<(PathBuf, Entry)>) -> Result<()
         Ok(())
     })
     .await
-    .map_err(|e| Error::Malformed(format!("directory fix-up failed: {e}")))?
+    .map_err(Error::task("setting directory modes and times"))?
 }
 
 fn lock(s: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
@@ -464,7 +464,7 @@ async fn write_target(
     })
     .await;
     joined.unwrap_or_else(|e| {
-        let err = Error::Malformed(format!("block writer failed: {e}"));
+        let err = Error::task("the block writer")(e);
         (BytesMut::new(), Err(err))
     })
 }

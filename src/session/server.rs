@@ -530,7 +530,7 @@ async fn prepare_role(state: &State, req: &Request) -> Result<Role> {
             let tree =
                 tokio::task::spawn_blocking(move || SourceTree::walk(&scope, &paths, recursive))
                     .await
-                    .map_err(|e| Error::Malformed(format!("listing the sources failed: {e}")))??;
+                    .map_err(Error::task("listing the sources"))??;
             Role::Send(SendSource::tree(tree))
         }
         Operation::Bench {

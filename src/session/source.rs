@@ -92,12 +92,7 @@ pub async fn read_file_block(
         (buf, r)
     })
     .await;
-    joined.unwrap_or_else(|e| {
-        (
-            Vec::new(),
-            Err(Error::Malformed(format!("block reader: {e}"))),
-        )
-    })
+    joined.unwrap_or_else(|e| (Vec::new(), Err(Error::task("the block reader")(e))))
 }
 
 /// Where a manifest chunk starting at `next` ends: at most [`MANIFEST_CHUNK`] entries and
