@@ -19,6 +19,8 @@ cargo clippy --release -p hsxfer-python -- -D warnings
 cargo test --release --all-targets --all-features --no-fail-fast
 # The examples in the documentation (--all-targets leaves them out).
 cargo test --release --doc --all-features
+# The library's examples, run against each other on loopback.
+bash scripts/examples.sh
 # The Python package, installed as its users install it, and its tests against a server on
 # loopback. The build shares target/ with the rest.
 python3 -m venv target/pyenv

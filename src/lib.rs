@@ -14,16 +14,17 @@
 //! ```no_run
 //! # async fn demo() -> hsxfer::Result<()> {
 //! use std::sync::Arc;
-//! use hsxfer::{Auth, Client, LiveStats, TransferOptions};
+//! use hsxfer::{Client, LiveStats};
 //!
-//! let opts = TransferOptions { channels: 8, auth: Auth::NoAuth, ..Default::default() };
-//! let live = Arc::new(LiveStats::new(opts.channels as usize));
-//! let report = Client::new("127.0.0.1", opts)
-//!     .push(&["dataset".into()], true, "incoming", &live)
-//!     .await?;
+//! let client = Client::builder("dtn1").channels(8).token_file("/etc/hsxfer/token").build()?;
+//! let live = Arc::new(LiveStats::default()); // progress: read it from another task
+//! let report = client.push(&["dataset".into()], true, "incoming", &live).await?;
 //! assert!(report.verified);
 //! # Ok(()) }
 //! ```
+//!
+//! [`Server::builder`] serves a directory; `examples/` has a server, a push, a pull with
+//! progress and a bench (`cargo run --release --example push -- ...`).
 //!
 //! Layout: [`channels`] is the sans-IO protocol (codecs and state machines), [`transport`]
 //! the sockets, [`fsio`] the files, [`session`] the I/O glue (client, server, engines),
@@ -59,6 +60,7 @@ pub mod probe {
 pub use channels::control::BenchDirection;
 pub use error::{Error, Result};
 pub use session::admission::ServerLimits;
+pub use session::builder::{ClientBuilder, ServerBuilder};
 pub use session::client::{Client, PathRate, TransferOptions, Tune};
 pub use session::report::{ChannelReport, LiveStats, TransferReport};
 pub use session::sender::FaultInjection;

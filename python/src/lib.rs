@@ -17,8 +17,8 @@ use hsxfer::fsio::operands::{self, Direction};
 use hsxfer::probe::ProbeOptions;
 use hsxfer::tuning::desync::PaceChoice;
 use hsxfer::{
-    Auth, BenchDirection, Client, LiveStats, PathRate, Server, ServerConfig, ServerLimits,
-    TransferOptions, TransferReport, Tune,
+    Auth, BenchDirection, Client, LiveStats, PathRate, Server, TransferOptions, TransferReport,
+    Tune,
 };
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
@@ -319,15 +319,12 @@ impl ServerHandle {
         let ip: IpAddr = listen.parse().map_err(|_| {
             PyValueError::new_err(format!("listen address {listen:?} is not an IP address"))
         })?;
-        let config = ServerConfig {
-            root,
-            listen: SocketAddr::new(ip, port),
-            auth: auth(token_file)?,
-            faults: Default::default(),
-            limits: ServerLimits::default(),
-        };
+        let mut builder = Server::builder(root).listen(ip).port(port);
+        if let Some(t) = token_file {
+            builder = builder.token_file(t);
+        }
         let rt = runtime();
-        let server = py.detach(|| rt.block_on(Server::bind(config)).map_err(raise))?;
+        let server = py.detach(|| rt.block_on(builder.bind()).map_err(raise))?;
         let address = server.local_addr();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = rt.spawn(async move {

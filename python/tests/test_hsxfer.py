@@ -210,3 +210,9 @@ def test_probe_measures_the_path_and_recommends(served):
     assert r["flags"].startswith("-n ") or "--" in r["flags"], r["flags"]
     with pytest.raises(ValueError, match="too short"):
         hsxfer.probe("127.0.0.1", port=server.port, token_file=token, budget=0.5)
+
+
+def test_a_token_file_inside_the_root_is_refused(tmp_path):
+    token = write_token(tmp_path / "token")
+    with pytest.raises(ValueError, match="inside the served root"):
+        hsxfer.Server(tmp_path, token_file=token)

@@ -23,6 +23,13 @@ pub struct LiveStats {
     pub telemetry: Telemetry,
 }
 
+impl Default for LiveStats {
+    /// Counters that grow as channels open.
+    fn default() -> Self {
+        LiveStats::new(0)
+    }
+}
+
 impl LiveStats {
     /// Counters for `channels` data channels.
     pub fn new(channels: usize) -> Self {
@@ -195,7 +202,7 @@ pub struct TransferReport {
     pub retransmits: u64,
     /// Jain's fairness index over the channels' goodputs.
     pub fairness_jain: Option<f64>,
-    /// Loss synchronization of the channels (seed 003, Expr. 4.1 and 4.2), if any losses.
+    /// Loss synchronization of the channels (Cui 2013, Expr. 4.1 and 4.2), if any losses.
     pub loss_sync: Option<SyncReport>,
     /// Per-channel bytes, goodput and transport state.
     pub channels: Vec<ChannelReport>,

@@ -1,0 +1,205 @@
+//! Builders for [`Client`] and [`Server`]: the options an embedder usually sets, checked once
+//! at `build`, with the command line's defaults for the rest.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+
+use super::admission::ServerLimits;
+use super::client::{Client, PathRate, TransferOptions, Tune};
+use super::server::{Server, ServerConfig};
+use super::{token, Auth, DEFAULT_PORT};
+use crate::error::Result;
+
+/// How a builder authenticates: the token file is read at `build`.
+#[derive(Debug, Clone, Default)]
+enum Secret {
+    /// No token (`--no-auth`): loopback only.
+    #[default]
+    None,
+    /// A token file (`--token-file`).
+    File(PathBuf),
+}
+
+impl Secret {
+    fn auth(&self) -> Result<Auth> {
+        match self {
+            Secret::None => Ok(Auth::NoAuth),
+            Secret::File(p) => Auth::from_token_file(p),
+        }
+    }
+}
+
+/// Builds a [`Client`]; see [`Client::builder`].
+#[derive(Debug, Clone)]
+pub struct ClientBuilder {
+    host: String,
+    opts: TransferOptions,
+    secret: Secret,
+}
+
+impl Client {
+    /// A builder for a client of the server at `host` (a name, an IPv4 address, or an IPv6
+    /// address with or without brackets), with the command line's defaults: port 7420, no
+    /// token, channels and settings tuned while the transfer runs.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> hsxfer::Result<()> {
+    /// use std::sync::Arc;
+    /// use hsxfer::{Client, LiveStats};
+    ///
+    /// let client = Client::builder("dtn1").channels(8).token_file("/etc/hsxfer/token").build()?;
+    /// let live = Arc::new(LiveStats::default());
+    /// let report = client.push(&["dataset".into()], true, "incoming", &live).await?;
+    /// println!("{:.0} Mbit/s, verified: {}", report.goodput_bps / 1e6, report.verified);
+    /// # Ok(()) }
+    /// ```
+    pub fn builder(host: &str) -> ClientBuilder {
+        ClientBuilder {
+            host: host.to_string(),
+            opts: TransferOptions::default(),
+            secret: Secret::None,
+        }
+    }
+}
+
+impl ClientBuilder {
+    /// Runs exactly `n` data channels (the tuner adds none).
+    pub fn channels(mut self, n: u16) -> Self {
+        self.opts.channels = n;
+        self.opts.max_channels = n;
+        self
+    }
+
+    /// The server's port.
+    pub fn port(mut self, port: u16) -> Self {
+        self.opts.port = port;
+        self
+    }
+
+    /// Authenticates with the token in `path` (written by `hsxfer token new`).
+    pub fn token_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.secret = Secret::File(path.into());
+        self
+    }
+
+    /// Congestion controls of the sending sockets, cycled over the channels.
+    pub fn cc<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
+        self.opts.cc = names.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// The path's bottleneck rate, bits/s, when known: sizes buffers and pacing.
+    pub fn rate(mut self, bits_per_second: u64) -> Self {
+        self.opts.rate = PathRate::Given(bits_per_second);
+        self
+    }
+
+    /// Whether the sending side tunes the transfer while it runs (default: it does).
+    pub fn tune(mut self, tune: Tune) -> Self {
+        self.opts.tune = tune;
+        self
+    }
+
+    /// Block size in bytes: the unit of scheduling, checking and resuming.
+    pub fn block_size(mut self, bytes: u32) -> Self {
+        self.opts.block_size = bytes;
+        self
+    }
+
+    /// Every other option, as a whole (what was set before is replaced).
+    pub fn options(mut self, opts: TransferOptions) -> Self {
+        self.opts = opts;
+        self
+    }
+
+    /// Reads the token file and checks the options.
+    pub fn build(mut self) -> Result<Client> {
+        self.opts.auth = self.secret.auth()?;
+        self.opts.validate()?;
+        Ok(Client::new(&self.host, self.opts))
+    }
+}
+
+/// Builds a [`Server`]; see [`Server::builder`].
+#[derive(Debug, Clone)]
+pub struct ServerBuilder {
+    root: PathBuf,
+    listen: IpAddr,
+    port: u16,
+    secret: Secret,
+    limits: ServerLimits,
+}
+
+impl Server {
+    /// A builder for a server of `root`, with the command line's defaults: port 7420, no
+    /// token and so loopback only (give [`ServerBuilder::token_file`] to serve a network).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> hsxfer::Result<()> {
+    /// use hsxfer::Server;
+    ///
+    /// let server = Server::builder("/data")
+    ///     .listen("0.0.0.0".parse().unwrap())
+    ///     .token_file("/etc/hsxfer/token")
+    ///     .bind()
+    ///     .await?;
+    /// println!("serving on {}", server.local_addr());
+    /// server.run().await
+    /// # }
+    /// ```
+    pub fn builder(root: impl Into<PathBuf>) -> ServerBuilder {
+        ServerBuilder {
+            root: root.into(),
+            listen: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            port: DEFAULT_PORT,
+            secret: Secret::None,
+            limits: ServerLimits::default(),
+        }
+    }
+}
+
+impl ServerBuilder {
+    /// The address to listen on (default 127.0.0.1).
+    pub fn listen(mut self, ip: IpAddr) -> Self {
+        self.listen = ip;
+        self
+    }
+
+    /// The port (0: a free one; [`Server::local_addr`] tells which).
+    pub fn port(mut self, port: u16) -> Self {
+        self.port = port;
+        self
+    }
+
+    /// Authenticates clients with the token in `path`.
+    pub fn token_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.secret = Secret::File(path.into());
+        self
+    }
+
+    /// Caps on connections and sessions.
+    pub fn limits(mut self, limits: ServerLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Reads the token file (refusing one inside the root), checks the configuration and
+    /// binds the port.
+    pub async fn bind(self) -> Result<Server> {
+        if let Secret::File(p) = &self.secret {
+            token::check_outside(p, &self.root)?;
+        }
+        Server::bind(ServerConfig {
+            root: self.root,
+            listen: SocketAddr::new(self.listen, self.port),
+            auth: self.secret.auth()?,
+            faults: Default::default(),
+            limits: self.limits,
+        })
+        .await
+    }
+}
