@@ -1,5 +1,5 @@
 //! Metrics of the research, computed from observations (sans-IO): Jain's fairness index, and
-//! the loss-synchronization rates of seed 003 (§4.3, Expressions 4.1 and 4.2) from the
+//! the loss-synchronization rates of Cui 2013 (§4.3, Expressions 4.1 and 4.2) from the
 //! channels' loss events.
 
 use serde::{Deserialize, Serialize};
@@ -21,7 +21,7 @@ pub struct LossEvent {
     pub at: f64,
 }
 
-/// Loss synchronization over a measurement (seed 003 §4.3).
+/// Loss synchronization over a measurement (Cui 2013 §4.3).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SyncReport {
     /// T: congestion events (losses grouped within one window Δt ≈ one RTT).
@@ -39,7 +39,7 @@ pub struct SyncReport {
 
 /// Groups loss events into congestion events and computes the synchronization rates of
 /// `flows` flows. A congestion event opens at a loss and takes every loss within `window`
-/// seconds of that first loss (seed 003: Δt is about one RTT; events whose Δt do not
+/// seconds of that first loss (Cui 2013: Δt is about one RTT; events whose Δt do not
 /// overlap are separate); a flow losing twice within one event counts once. `None` when
 /// there were no losses.
 pub fn loss_sync(events: &[LossEvent], flows: usize, window: f64) -> Option<SyncReport> {

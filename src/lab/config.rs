@@ -285,7 +285,7 @@ mod tests {
 
     #[test]
     fn bdp_in_packets_matches_the_design_note() {
-        // 1 Gbit/s × 60 ms at MTU 1500: 4954 frames of 1514 bytes (DESIGN.md §3).
+        // 1 Gbit/s × 60 ms at MTU 1500: 4954 frames of 1514 bytes.
         let spec = LabSpec::default();
         assert_eq!(spec.queue_packets(), 4954);
         let tiny = LabSpec {

@@ -260,7 +260,7 @@ impl FlowResult {
     }
 }
 
-/// Background traffic running across a lab (seed 003 §5.6, see [`super::traffic`]): a sink
+/// Background traffic running across a lab (Cui 2013 §5.6, see [`super::traffic`]): a sink
 /// on the receiver and a source on one sender host. Stopped when dropped.
 pub struct Background {
     children: Vec<Child>,

@@ -1,4 +1,4 @@
-//! Background traffic like seed 003 §5.6, scaled to the bottleneck: short-lived TCP flows
+//! Background traffic like Cui 2013 §5.6, scaled to the bottleneck: short-lived TCP flows
 //! (exponential inter-arrival times, Pareto sizes with α = 1.5) carrying about 1.65 % of the
 //! rate, and a constant-rate UDP flow of 3 % (seed: 165 Mb/s + 300 Mb/s on 10 Gb/s, 4.6 %).
 //! A sink on the receiver discards both. Both ends run until killed.

@@ -4,7 +4,7 @@
 ///
 /// One TCP stream recovers slowly from a loss on a long fat path (the window halves and grows
 /// back one segment per RTT); with m streams only the stream that lost backs off, so the
-/// aggregate keeps about 1 − β/(2m) of the link (seed 003, Expr. 5.3: 87.5 % at 2, 94 % at 4).
+/// aggregate keeps about 1 − β/(2m) of the link (Cui 2013, Expr. 5.3: 87.5 % at 2, 94 % at 4).
 /// Beyond 4 the gain is small while the unfairness toward other traffic and the CPU cost per
 /// byte grow; it is also the default of GridFTP tools, bbcp and FDT, so results compare.
 /// `hsxfer probe` picks a measured value for a given path.
@@ -18,8 +18,8 @@ pub const MAX_TUNED_CHANNELS: u16 = 32;
 /// Default block size: 4 MiB.
 ///
 /// The block is the unit of scheduling, checking, re-sending and resuming. 4 MiB amortizes
-/// per-block costs (a 28-byte header, a few system calls, a hash finalization) to well under
-/// 1 % while a 1 GiB file still splits into 256 blocks, enough for work stealing to balance 16
-/// channels; a damaged block costs 4 MiB to re-send, and memory in flight stays at a few
-/// blocks per channel.
+/// per-block costs (a 24-byte header and a 32-byte trailer, a few system calls, a hash
+/// finalization) to well under 1 % while a 1 GiB file still splits into 256 blocks, enough
+/// for work stealing to balance 16 channels; a damaged block costs 4 MiB to re-send, and
+/// memory in flight stays at a few blocks per channel.
 pub const BLOCK_SIZE: u32 = 4 << 20;

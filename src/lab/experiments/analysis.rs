@@ -4,7 +4,7 @@
 use crate::lab::flows::TraceRow;
 use crate::metrics::{LossDetector, LossEvent};
 
-/// Multiplicative decrease of Reno-like flows (seed 003's β).
+/// Multiplicative decrease of Reno-like flows (Cui 2013's β).
 pub const BETA: f64 = 0.5;
 
 /// Seed 003 Table 4.1: share of congestion events in which 1, 2, … flows lost, for 2, 3 and
@@ -118,7 +118,7 @@ pub fn moving_average(series: &[(f64, f64)], window: f64) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// Seconds after `start` until `second` first reaches `ratio` × `first` (seed 003 Fig. 5.8:
+/// Seconds after `start` until `second` first reaches `ratio` × `first` (Cui 2013 Fig. 5.8:
 /// the second connection's window reaches about 80 % of the first's). Both series are on
 /// the same time base; values of `first` are taken at the nearest earlier time. `None` if it
 /// never does while `first` runs (after its last sample there is nothing to compare with).

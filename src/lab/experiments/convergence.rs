@@ -1,4 +1,4 @@
-//! Convergence (seed 003 Fig. 5.8): a second connection starts T seconds after the first
+//! Convergence (Cui 2013 Fig. 5.8): a second connection starts T seconds after the first
 //! through the same bottleneck; the convergence time is how long until the second's
 //! aggregate congestion window (1 s moving average) reaches 80 % of the first's.
 
@@ -102,7 +102,7 @@ pub fn run(opts: &RunOptions, log: &mut dyn FnMut(&str)) -> Result<Report, LabEr
     drop(lab);
 
     let mut md = format!(
-        "# Convergence\n\nPath: {}. The second connection starts {start} s after the first; each ends at {seconds} s. Convergence time: from the second's start until its aggregate cwnd (1 s moving average) first reaches {:.0} % of the first's (seed 003 Fig. 5.8). DMCTCP connections have 5 channels, the others 1. Delay-element lateness p99 {late_p99} µs, max {late_max} µs.\n\n",
+        "# Convergence\n\nPath: {}. The second connection starts {start} s after the first; each ends at {seconds} s. Convergence time: from the second's start until its aggregate cwnd (1 s moving average) first reaches {:.0} % of the first's (Cui 2013 Fig. 5.8). DMCTCP connections have 5 channels, the others 1. Delay-element lateness p99 {late_p99} µs, max {late_max} µs.\n\n",
         describe(&spec, queue),
         RATIO * 100.0
     );

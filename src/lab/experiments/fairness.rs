@@ -1,4 +1,4 @@
-//! Intra-protocol and RTT fairness (seed 003 §5.7.2–5.7.3): two connections of the same
+//! Intra-protocol and RTT fairness (Cui 2013 §5.7.2–5.7.3): two connections of the same
 //! congestion control share the bottleneck, one at a fixed RTT and the other at a varied RTT
 //! (equal RTTs give intra-protocol fairness), with and without background traffic; Jain's
 //! index of their goodputs.
@@ -15,7 +15,7 @@ use crate::lab::flows::FlowSpec;
 use crate::lab::{Host, LabError, LabSpec, QueueSize};
 use crate::metrics::jain;
 
-/// Channels per connection: DMCTCP is a multi-channel connection (m = 5, seed 003's choice);
+/// Channels per connection: DMCTCP is a multi-channel connection (m = 5, Cui 2013's choice);
 /// the others are single TCP flows.
 pub fn channels_for(cc: &str) -> u16 {
     if cc == "dmctcp" {
@@ -137,7 +137,7 @@ pub fn run(opts: &RunOptions, log: &mut dyn FnMut(&str)) -> Result<Report, LabEr
     )?;
 
     let mut md = format!(
-        "# Intra-protocol and RTT fairness\n\nPath: {}; connection A at {fixed_ms} ms (sender 1), connection B at the RTT in the table (sender 2); {} s per run, goodput after {} s. DMCTCP connections have 5 channels, the others 1. Background: short TCP flows (exponential gaps, Pareto α = 1.5 sizes) at 1.65 % and a UDP flow at 3 % of the rate from sender 3 (seed 003 §5.6). Equal RTTs are the intra-protocol case. Delay-element lateness p99 {} µs, max {} µs.\n\n",
+        "# Intra-protocol and RTT fairness\n\nPath: {}; connection A at {fixed_ms} ms (sender 1), connection B at the RTT in the table (sender 2); {} s per run, goodput after {} s. DMCTCP connections have 5 channels, the others 1. Background: short TCP flows (exponential gaps, Pareto α = 1.5 sizes) at 1.65 % and a UDP flow at 3 % of the rate from sender 3 (Cui 2013 §5.6). Equal RTTs are the intra-protocol case. Delay-element lateness p99 {} µs, max {} µs.\n\n",
         describe(&spec, queue),
         seconds,
         warmup,

@@ -2,14 +2,14 @@
 //! bench flows across them with per-channel telemetry, and writes a markdown table, a JSON
 //! file and SVG plots to the output directory.
 //!
-//! - [`utilization`]: link utilization vs channels, tiny queue vs 1 BDP (seed 003 Expr. 5.3,
+//! - [`utilization`]: link utilization vs channels, tiny queue vs 1 BDP (Cui 2013 Expr. 5.3,
 //!   Table 4.2).
 //! - [`sync`]: loss synchronization of n flows (Tables 4.1/4.3, Expr. 4.1/4.2).
 //! - [`fairness`]: intra-protocol and RTT fairness, with and without background traffic
 //!   (Cui 2013 §5.7); with `--against CC`, [`against`]: each control's share against one
 //!   flow of CC.
 //! - [`convergence`]: time for a second connection to reach 80 % of the first's window
-//!   (seed 003 Fig. 5.8).
+//!   (Cui 2013 Fig. 5.8).
 //! - [`probe`]: `hsxfer probe`'s pick and copies with no flags against an exhaustive sweep
 //!   of congestion control × channels × pacing on five paths.
 

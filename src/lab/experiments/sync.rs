@@ -1,4 +1,4 @@
-//! Loss synchronization of n concurrent flows (seed 003 §4.3–4.5): n channels of one bench
+//! Loss synchronization of n concurrent flows (Cui 2013 §4.3–4.5): n channels of one bench
 //! connection share a bottleneck with a 5 % BDP drop-tail queue (the seed's setting) at the
 //! seed's 60 ms. The rate is 100 Mbit/s, not 1 Gbit/s: a Reno congestion epoch grows with the
 //! window (about 150 s for 2 flows at 1 Gbit/s × 60 ms), so a run of tens of seconds at
@@ -100,7 +100,7 @@ pub fn run(opts: &RunOptions, log: &mut dyn FnMut(&str)) -> Result<Report, LabEr
                     .enumerate()
                     .map(|(j, p)| ((j + 1) as f64, p * 100.0))
                     .collect();
-                series.push(Series::reference(format!("seed 003, {cc}"), points));
+                series.push(Series::reference(format!("Cui 2013, {cc}"), points));
             }
         }
         if series.is_empty() {
@@ -162,7 +162,7 @@ pub fn run(opts: &RunOptions, log: &mut dyn FnMut(&str)) -> Result<Report, LabEr
         }
         md += "\n";
         if let Some(d) = seed_distribution(&r.cc, r.n as usize) {
-            md += &format!("| {} (seed 003) | {} | | | |", r.cc, r.n);
+            md += &format!("| {} (Cui 2013) | {} | | | |", r.cc, r.n);
             for j in 0..max_n {
                 md += &d
                     .get(j)

@@ -17,7 +17,7 @@ pub const BETA_SCALE: u32 = 1024;
 /// BIC parameters (the kernel's module parameters) and the state it keeps across losses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bic {
-    /// S_max, the largest increase per RTT (`max_increment`; kernel 16, seed 001 32).
+    /// S_max, the largest increase per RTT (`max_increment`; kernel 16, Li, Leith and Shorten 2007 32).
     pub max_increment: u32,
     /// At or below this window BIC is Reno (`low_window`, 14).
     pub low_window: u32,
@@ -46,7 +46,7 @@ impl Default for Bic {
 }
 
 impl Bic {
-    /// The parameters of seed 001 Table II (S_max = 32; B, σ, β, Low_Window as the kernel).
+    /// The parameters of Li, Leith and Shorten 2007 Table II (S_max = 32; B, σ, β, Low_Window as the kernel).
     pub fn seed_001() -> Self {
         Self {
             max_increment: 32,

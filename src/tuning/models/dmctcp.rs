@@ -1,9 +1,9 @@
-//! DMCTCP (seed 003 ch. 5.5): one connection of m channels through one path whose channels
+//! DMCTCP (Cui 2013 ch. 5.5): one connection of m channels through one path whose channels
 //! coordinate so that at most the largest one cuts per congestion event. Losses on smaller
 //! channels (or within one RTT of the group's last cut) are repaired without a cut, which
 //! desynchronizes the sawtooths and raises the link utilization (eq. 5.3, Table 5.1).
 //!
-//! Rules (seed 003 L1024–1029, with `time_c` the time of the group's last cut):
+//! Rules (Cui 2013 L1024–1029, with `time_c` the time of the group's last cut):
 //! - loss on channel i at `time_i`: w_i ← w_i/2 if w_i = w_max and `time_i − time_c > rtt`
 //!   (then `time_c ← time_i`); otherwise no change;
 //! - per ACKed segment on channel i: w_i += 1/w_i if w_i = w_min, else 1/(w_total − w_min);
@@ -26,13 +26,13 @@ use super::reno::reno_ssthresh;
 
 /// Name the DMCTCP BPF program registers.
 pub const NAME: &str = "dmctcp";
-/// Fewest channels a group can have (two must be able to coordinate; seed 003 L1022).
+/// Fewest channels a group can have (two must be able to coordinate; Cui 2013 L1022).
 pub const MIN_CHANNELS: usize = 2;
 /// Most channels (the MPTCP subflow limit the seed's implementation inherited; L1039).
 pub const MAX_CHANNELS: usize = 32;
 
 /// Ideal average link utilization of a desynchronized m-channel connection in a bufferless
-/// bottleneck, seed 003 eq. (5.3): 1 − β/(2m), with β the decrease (1/2 for DMCTCP).
+/// bottleneck, Cui 2013 eq. (5.3): 1 − β/(2m), with β the decrease (1/2 for DMCTCP).
 pub fn ideal_utilization(m: usize, beta: f64) -> f64 {
     1.0 - beta / (2.0 * m as f64)
 }
@@ -178,7 +178,7 @@ impl DmcGroup {
 
     /// Growth of the whole group over one RTT at the current windows (channel i acknowledges
     /// w_i segments). In congestion avoidance with one smallest channel this is 2: 1 for the
-    /// smallest, and the others share (w_total − w_min)/(w_total − w_min) = 1 (seed 003 L1031,
+    /// smallest, and the others share (w_total − w_min)/(w_total − w_min) = 1 (Cui 2013 L1031,
     /// "roughly α = 2"). With k channels tied for smallest it is k + (w_total − k·w_min) /
     /// (w_total − w_min), so m when all windows are equal.
     pub fn increase_per_rtt_total(&self) -> f64 {

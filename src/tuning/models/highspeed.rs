@@ -116,7 +116,7 @@ pub const HIGH_WINDOW: f64 = 83_000.0;
 pub const HIGH_DECREASE: f64 = 0.1;
 /// RFC 3649 Low_P: loss rate at which standard TCP reaches Low_Window.
 pub const LOW_P: f64 = 1e-3;
-/// RFC 3649 High_P (seed 001 Table II prints "High_P=1⁻⁷", i.e. 10⁻⁷).
+/// RFC 3649 High_P (Li, Leith and Shorten 2007 Table II prints "High_P=1⁻⁷", i.e. 10⁻⁷).
 pub const HIGH_P: f64 = 1e-7;
 
 /// The table row for window `w`, as the kernel picks it for the integer cwnd `floor(w)`:
@@ -234,7 +234,7 @@ mod tests {
     #[test]
     fn rfc_constants_give_low_p_and_high_p() {
         // p(Low_Window) = Low_P = 10⁻³ and p(High_Window) = High_P = 10⁻⁷ up to the RFC's
-        // rounding of 0.078 and 1.2 (RFC 3649 §5; seed 001 Table II High_P).
+        // rounding of 0.078 and 1.2 (RFC 3649 §5; Li, Leith and Shorten 2007 Table II High_P).
         assert!((rfc3649_p(LOW_WINDOW) / LOW_P - 1.0).abs() < 0.02);
         assert!((rfc3649_p(HIGH_WINDOW) / HIGH_P - 1.0).abs() < 0.03);
         assert_eq!(rfc3649_b(LOW_WINDOW), 0.5);

@@ -1,4 +1,4 @@
-//! H-TCP as Linux `tcp_htcp.c` (seed 001 §V.C): the increase grows with the time Δ since
+//! H-TCP as Linux `tcp_htcp.c` (Li, Leith and Shorten 2007 §V.C): the increase grows with the time Δ since
 //! the last congestion event (standard TCP for the first Δ_L = 1 s, then quadratic), scaled
 //! by the path's minimum RTT; the decrease β adapts to min_rtt/max_rtt (an estimate of the
 //! queue's share of the RTT) unless the throughput moved by more than 20 %.
@@ -14,7 +14,7 @@
 
 use super::{kernel_cwnd, WindowRules, MIN_SSTHRESH};
 
-/// Δ_L: for this long after a congestion event H-TCP is standard TCP (seed 001 Table II).
+/// Δ_L: for this long after a congestion event H-TCP is standard TCP (Li, Leith and Shorten 2007 Table II).
 pub const DELTA_L: f64 = 1.0;
 /// Reference RTT of the RTT scaling: α is scaled by min_rtt / 0.1 s.
 pub const RTT_REF: f64 = 0.1;
@@ -24,7 +24,7 @@ pub const RTT_SCALE_RANGE: (f64, f64) = (0.1, 2.0);
 pub const FIXED_ONE: u32 = 1 << 7;
 /// Smallest β, 0.5 (`BETA_MIN`, 64/128).
 pub const BETA_MIN: u32 = 1 << 6;
-/// Largest β, `BETA_MAX` 102/128 ≈ 0.797 (seed 001 writes 0.8).
+/// Largest β, `BETA_MAX` 102/128 ≈ 0.797 (Li, Leith and Shorten 2007 writes 0.8).
 pub const BETA_MAX: u32 = 102;
 /// Adaptive β needs min_rtt above this (`msecs_to_jiffies(10)`).
 pub const MIN_RTT_FOR_ADAPTIVE_BETA: f64 = 0.010;
@@ -34,7 +34,7 @@ pub const MAX_RTT_JUMP: f64 = 0.020;
 pub const MAX_RTT_FADE: f64 = 0.95;
 
 /// The unscaled increase factor at Δ seconds since the last congestion event:
-/// 1 for Δ ≤ Δ_L, else 1 + 10(Δ − Δ_L) + 0.25(Δ − Δ_L)² (seed 001 L176).
+/// 1 for Δ ≤ Δ_L, else 1 + 10(Δ − Δ_L) + 0.25(Δ − Δ_L)² (Li, Leith and Shorten 2007 L176).
 pub fn delta_factor(delta: f64) -> f64 {
     if delta <= DELTA_L {
         1.0
@@ -240,9 +240,9 @@ mod tests {
 
     #[test]
     fn constants_are_the_kernels() {
-        assert_eq!(DELTA_L, 1.0); // seed 001 Table II Δ^L = 1 s
+        assert_eq!(DELTA_L, 1.0); // Li, Leith and Shorten 2007 Table II Δ^L = 1 s
         assert_eq!((FIXED_ONE, BETA_MIN, BETA_MAX), (128, 64, 102));
-        assert!((f64::from(BETA_MAX) / 128.0 - 0.8).abs() < 0.004); // seed 001's 0.8
+        assert!((f64::from(BETA_MAX) / 128.0 - 0.8).abs() < 0.004); // Li, Leith and Shorten 2007's 0.8
     }
 
     #[test]
@@ -266,7 +266,7 @@ mod tests {
 
     #[test]
     fn alpha_is_standard_tcp_in_the_first_second() {
-        // 2(1 − β)·1 = 1 with β = 0.5 (seed 001 L168: the 2(1−β) factor keeps it Reno-like).
+        // 2(1 − β)·1 = 1 with β = 0.5 (Li, Leith and Shorten 2007 L168: the 2(1−β) factor keeps it Reno-like).
         let mut h = Htcp::new(10.0);
         h.on_rtt_sample(0.1);
         assert_eq!(h.alpha(10.0), 1.0);

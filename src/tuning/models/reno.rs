@@ -3,7 +3,7 @@
 
 use super::{kernel_cwnd, WindowRules, MIN_SSTHRESH};
 
-/// Standard TCP congestion avoidance (α = 1, β = 0.5; seed 001 L247, seed 000 L130–136).
+/// Standard TCP congestion avoidance (α = 1, β = 0.5; Li, Leith and Shorten 2007 L247, Mohammed 2006 L130–136).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Reno;
 

@@ -1,4 +1,4 @@
-//! Scalable TCP (Kelly), in the seeds' form (seed 001 §V.A and Table II, seed 000 L208–222):
+//! Scalable TCP (Kelly), in the seeds' form (Li, Leith and Shorten 2007 §V.A and Table II, Mohammed 2006 L208–222):
 //! MIMD above Low_Window, +0.01 per acknowledged segment and ×0.875 on loss, so the time to
 //! recover from a loss does not depend on the window; standard TCP below Low_Window.
 //!
@@ -9,13 +9,13 @@
 use super::reno::reno_ssthresh;
 use super::{kernel_cwnd, WindowRules, MIN_SSTHRESH};
 
-/// Increase per acknowledged segment above Low_Window (seed 001 Table II α = 0.01).
+/// Increase per acknowledged segment above Low_Window (Li, Leith and Shorten 2007 Table II α = 0.01).
 pub const AI_PER_SEGMENT: f64 = 0.01;
-/// Window kept after a loss above Low_Window (seed 001 Table II β = 0.875).
+/// Window kept after a loss above Low_Window (Li, Leith and Shorten 2007 Table II β = 0.875).
 pub const BETA: f64 = 0.875;
 /// The cut as a shift, as the kernel writes it: `cwnd − (cwnd >> 3)` = cwnd·7/8.
 pub const MD_SHIFT: u32 = 3;
-/// Below this window the standard TCP rules apply (seed 001 Table II Low_Window = 16).
+/// Below this window the standard TCP rules apply (Li, Leith and Shorten 2007 Table II Low_Window = 16).
 pub const LOW_WINDOW: u64 = 16;
 
 /// Scalable TCP (stateless).
