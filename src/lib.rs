@@ -34,6 +34,8 @@
 //! Features: none by default, so a pipeline that embeds the library builds no command line,
 //! progress bars, plotting or lab code. `cli` builds the `hsxfer` binary (and `lab`).
 
+#![warn(missing_docs, unreachable_pub)]
+
 pub mod channels;
 pub mod error;
 pub mod fsio;

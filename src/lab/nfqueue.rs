@@ -46,10 +46,20 @@ pub const NF_DROP: u32 = 0;
 /// What one received netlink message says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
-    /// A packet was queued: its queue number and id (ids rise by one per queued packet).
-    Packet { queue: u16, id: u32 },
+    /// A packet was queued.
+    Packet {
+        /// The queue it is in.
+        queue: u16,
+        /// Its id (ids rise by one per queued packet).
+        id: u32,
+    },
     /// The kernel acknowledged a request (`errno` 0) or refused it.
-    Ack { seq: u32, errno: i32 },
+    Ack {
+        /// The request's sequence number.
+        seq: u32,
+        /// 0, or why the kernel refused it.
+        errno: i32,
+    },
 }
 
 /// Builds netlink requests into one buffer, so several go out in one `send`.

@@ -93,7 +93,7 @@ impl Registration {
 }
 
 /// The pin of congestion control `name`.
-pub fn pin_path(name: &str) -> PathBuf {
+pub(crate) fn pin_path(name: &str) -> PathBuf {
     Path::new(PIN_DIR).join(name)
 }
 
