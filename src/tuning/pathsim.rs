@@ -12,7 +12,7 @@ use super::online::Action;
 
 /// The path.
 #[derive(Debug, Clone, Copy)]
-pub struct Path {
+pub(crate) struct Path {
     /// Bottleneck goodput rate, bytes/s.
     pub rate: f64,
     /// Round-trip time without queueing, seconds.
@@ -43,7 +43,7 @@ struct Flow {
 
 /// The simulated transfer.
 #[derive(Debug, Clone)]
-pub struct Sim {
+pub(crate) struct Sim {
     path: Path,
     flows: Vec<Flow>,
     queue: f64,
@@ -55,7 +55,7 @@ pub struct Sim {
 impl Sim {
     /// `channels` channels on `path`; the first sends at once, the others when `held` is
     /// false or the tuner releases them.
-    pub fn new(path: Path, channels: usize, held: bool) -> Sim {
+    pub(crate) fn new(path: Path, channels: usize, held: bool) -> Sim {
         let mut s = Sim {
             path,
             flows: Vec::new(),
@@ -88,7 +88,7 @@ impl Sim {
     }
 
     /// Carries out the tuner's decisions.
-    pub fn apply(&mut self, actions: &[Action]) {
+    pub(crate) fn apply(&mut self, actions: &[Action]) {
         for a in actions {
             match a {
                 Action::Pace { channel, rate } => {
@@ -105,17 +105,17 @@ impl Sim {
     }
 
     /// Goodput of all channels now, bytes/s.
-    pub fn goodput(&self) -> f64 {
+    pub(crate) fn goodput(&self) -> f64 {
         self.flows.iter().map(|f| f.rate).sum()
     }
 
     /// Channels now.
-    pub fn channels(&self) -> usize {
+    pub(crate) fn channels(&self) -> usize {
         self.flows.len()
     }
 
     /// Advances `dt` seconds.
-    pub fn step(&mut self, dt: f64) {
+    pub(crate) fn step(&mut self, dt: f64) {
         let p = self.path;
         let rtt = p.rtt + self.queue / p.rate;
         let offered: Vec<f64> = self
@@ -176,7 +176,7 @@ impl Sim {
     }
 
     /// The channels' `TCP_INFO` now.
-    pub fn readings(&self) -> Vec<Option<TcpSample>> {
+    pub(crate) fn readings(&self) -> Vec<Option<TcpSample>> {
         let rtt = self.path.rtt + self.queue / self.path.rate;
         self.flows
             .iter()

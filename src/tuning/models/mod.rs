@@ -111,12 +111,12 @@ pub fn epoch_lengths(trace: &[f64]) -> Vec<usize> {
 #[cfg(test)]
 pub(crate) mod test_util {
     /// Mean of a slice (NaN when empty).
-    pub fn mean<T: Copy + Into<f64>>(xs: &[T]) -> f64 {
+    pub(crate) fn mean<T: Copy + Into<f64>>(xs: &[T]) -> f64 {
         xs.iter().map(|&x| x.into()).sum::<f64>() / xs.len() as f64
     }
 
     /// Mean of `epoch_lengths` as `f64`, skipping the first `skip` epochs (start-up).
-    pub fn mean_epoch(trace: &[f64], skip: usize) -> f64 {
+    pub(crate) fn mean_epoch(trace: &[f64], skip: usize) -> f64 {
         let e: Vec<f64> = super::epoch_lengths(trace)
             .into_iter()
             .skip(skip)
