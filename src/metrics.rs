@@ -22,7 +22,7 @@ pub struct LossEvent {
 }
 
 /// Loss synchronization over a measurement (Cui 2013 §4.3).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SyncReport {
     /// T: congestion events (losses grouped within one window Δt ≈ one RTT).
     pub congestion_events: usize,

@@ -269,7 +269,7 @@ fn each_bundled_cc_fills_a_bottleneck_ten_times_and_cuts_as_its_model() {
                 vec![cc.to_string(); channels as usize],
                 "run {run_no}"
             );
-            let goodput = r.summary_f64("goodput_bps");
+            let goodput = r.summary.goodput_bps;
             goodputs.push(goodput);
             let max_cwnd = r.trace.iter().map(|t| t.cwnd).max().unwrap_or(0);
             assert!(
@@ -366,17 +366,16 @@ fn dmctcp_cuts_only_the_largest_once_per_rtt_and_desynchronizes() {
     let warmup = 2.0;
 
     let d = run(&lab, "dmctcp", m, seconds);
-    let group = d.summary["dmctcp"].clone();
-    assert_eq!(group["channels"], m as u64, "{group}");
-    let cuts = group["cuts"].as_u64().unwrap();
-    let kept = group["losses_kept"].as_u64().unwrap();
+    let group = d.summary.dmctcp.expect("the summary has the dmctcp group");
+    assert_eq!(group.channels, u32::from(m), "{group:?}");
+    let (cuts, kept) = (group.cuts, group.losses_kept);
     assert!(
         cuts >= 5 && kept >= cuts,
-        "a 10 % BDP queue must cause cuts and kept losses: {group}"
+        "a 10 % BDP queue must cause cuts and kept losses: {group:?}"
     );
     assert!(
-        (cuts as f64) <= d.summary_f64("seconds") / rtt + 1.0,
-        "at most one cut per RTT: {group}"
+        (cuts as f64) <= d.summary.seconds / rtt + 1.0,
+        "at most one cut per RTT: {group:?}"
     );
 
     // From the TCP_INFO trace: every cut is on the channel with the largest window and
@@ -414,7 +413,7 @@ fn dmctcp_cuts_only_the_largest_once_per_rtt_and_desynchronizes() {
     let dmc = sync_of(&d);
     let reno = sync_of(&run(&lab, "reno", m, seconds));
     let cubic = sync_of(&run(&lab, "cubic", m, seconds));
-    eprintln!("global synchronization of cuts: dmctcp {dmc:.3}, reno {reno:.3}, cubic {cubic:.3}; group {group}");
+    eprintln!("global synchronization of cuts: dmctcp {dmc:.3}, reno {reno:.3}, cubic {cubic:.3}; group {group:?}");
     assert!(
         dmc < reno && dmc < cubic,
         "dmctcp {dmc:.3} must be below reno {reno:.3} and cubic {cubic:.3}"

@@ -10,15 +10,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use hsxfer::channels::telemetry::{ChannelSetup, Sample};
+use hsxfer::session::events::{Event, JSON_SCHEMA};
 use hsxfer::{LiveStats, TransferReport};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
-use serde_json::json;
 use tokio::sync::oneshot;
 
 use super::units::{fmt_bytes, fmt_rate};
-
-/// Version of the NDJSON schema; bumped on incompatible changes.
-pub const JSON_SCHEMA: u32 = 2;
 
 /// How to report.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -29,19 +26,23 @@ pub enum Mode {
     Human,
 }
 
-fn emit(v: serde_json::Value) {
+fn emit(event: &Event) {
+    let line = serde_json::to_string(event).expect("events serialize");
     let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{v}");
+    let _ = writeln!(out, "{line}");
     let _ = out.flush();
 }
 
 /// Prints the `start` event.
 pub fn start(mode: Mode, operation: &str, host: &str, channels: u16, block_size: u32) {
     if mode == Mode::Json {
-        emit(
-            json!({"type": "start", "schema": JSON_SCHEMA, "operation": operation,
-            "host": host, "channels": channels, "block_size": block_size}),
-        );
+        emit(&Event::Start {
+            schema: JSON_SCHEMA,
+            operation: operation.into(),
+            host: host.into(),
+            channels,
+            block_size,
+        });
     }
 }
 
@@ -243,32 +244,8 @@ fn channel_line(
 
 /// Emits the `progress` event and one `channel` event per channel.
 fn progress_events(live: &LiveStats, bytes: &[u64], rates: &[f64]) {
-    let seconds = live.elapsed();
-    emit(json!({
-        "type": "progress",
-        "seconds": seconds,
-        "bytes": live.total(),
-        "expected_bytes": live.expected(),
-        "files_done": live.files_done(),
-        "goodput_bps": rates.iter().sum::<f64>(),
-    }));
-    let setups = live.telemetry.setups();
-    let latest = live.telemetry.latest();
-    for (i, (b, r)) in bytes.iter().zip(rates).enumerate() {
-        let setup = setups.get(i).cloned().flatten();
-        let mut v = json!({"type": "channel", "seconds": seconds, "index": i, "bytes": b,
-            "goodput_bps": r, "cc": setup.map(|s| s.cc)});
-        if let Some(s) = latest.get(i).copied().flatten() {
-            let t = &s.tcp;
-            let tcp = json!({"cwnd": t.cwnd, "ssthresh": t.ssthresh, "rtt_us": t.rtt_us,
-                "min_rtt_us": t.min_rtt_us, "retrans": t.retrans, "total_retrans": t.total_retrans,
-                "delivery_rate_bps": t.delivery_rate * 8, "pacing_rate_bps": t.pacing_rate * 8,
-                "ca_state": t.ca_state, "bytes_acked": t.bytes_acked});
-            v.as_object_mut()
-                .expect("object")
-                .extend(tcp.as_object().expect("object").clone());
-        }
-        emit(v);
+    for event in Event::progress(live, bytes, rates) {
+        emit(&event);
     }
 }
 
@@ -276,17 +253,14 @@ fn progress_events(live: &LiveStats, bytes: &[u64], rates: &[f64]) {
 pub fn summary(mode: Mode, r: &TransferReport) {
     for note in &r.tuning.notes {
         if mode == Mode::Json {
-            emit(json!({"type": "warning", "message": note}));
+            emit(&Event::Warning {
+                message: note.clone(),
+            });
         }
         eprintln!("hsxfer: warning: {}", printable(note));
     }
     match mode {
-        Mode::Json => {
-            let mut v = serde_json::to_value(r).expect("report serializes");
-            v["type"] = json!("summary");
-            v["schema"] = json!(JSON_SCHEMA);
-            emit(v);
-        }
+        Mode::Json => emit(&Event::summary(r)),
         Mode::Human => human_summary(r),
     }
 }
@@ -369,7 +343,9 @@ fn human_summary(r: &TransferReport) {
 /// Prints an error: an `error` event with `--json`, and always a line on stderr.
 pub fn error(mode: Mode, e: &anyhow::Error) {
     if mode == Mode::Json {
-        emit(json!({"type": "error", "message": format!("{e:#}")}));
+        emit(&Event::Error {
+            message: format!("{e:#}"),
+        });
     }
     eprintln!("hsxfer: error: {}", printable(&format!("{e:#}")));
 }

@@ -6,11 +6,11 @@ use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::time::Instant;
 
-use serde_json::Value;
-
 use super::config::Host;
 use super::topology::{Lab, SERVER_PORT};
 use super::LabError;
+use crate::session::events::Event;
+use crate::TransferReport;
 
 /// One bench connection to run.
 #[derive(Debug, Clone)]
@@ -80,8 +80,8 @@ pub struct TraceRow {
 pub struct FlowResult {
     /// The spec it ran with.
     pub spec: FlowSpec,
-    /// The `summary` event.
-    pub summary: Value,
+    /// The `summary` event's report.
+    pub summary: TransferReport,
     /// The 10 ms `TCP_INFO` trace of every channel (goodput is measured from it: what the
     /// receiver acknowledged, timed when sampled).
     pub trace: Vec<TraceRow>,
@@ -146,21 +146,21 @@ impl RunningFlow {
             .wait_with_output()
             .map_err(LabError::io("waiting for hsxfer bench"))?;
         let stdout = String::from_utf8_lossy(&out.stdout);
-        let events: Vec<Value> = stdout
+        let events: Vec<Event> = stdout
             .lines()
             .filter_map(|l| serde_json::from_str(l).ok())
             .collect();
-        let kind = |e: &Value| e.get("type").and_then(Value::as_str).map(str::to_string);
-        let Some(summary) = events
-            .iter()
-            .find(|e| kind(e).as_deref() == Some("summary"))
-            .cloned()
-        else {
+        let summary = events.iter().find_map(|e| match e {
+            Event::Summary { report, .. } => Some(report.as_ref().clone()),
+            _ => None,
+        });
+        let Some(summary) = summary else {
             let why = events
                 .iter()
-                .find(|e| kind(e).as_deref() == Some("error"))
-                .and_then(|e| e.get("message").and_then(Value::as_str))
-                .map(str::to_string)
+                .find_map(|e| match e {
+                    Event::Error { message } => Some(message.clone()),
+                    _ => None,
+                })
                 .unwrap_or_else(|| String::from_utf8_lossy(&out.stderr).trim().to_string());
             return Err(LabError::Command {
                 command: format!("hsxfer bench ({} × {})", self.spec.channels, self.spec.cc),
@@ -218,45 +218,27 @@ impl FlowResult {
             }
         }
         if span < 0.5 {
-            return self.summary_f64("goodput_bps");
+            return self.summary.goodput_bps;
         }
         bytes as f64 * 8.0 / span
-    }
-
-    /// A number from the summary (0 when absent).
-    pub fn summary_f64(&self, key: &str) -> f64 {
-        self.summary.get(key).and_then(Value::as_f64).unwrap_or(0.0)
     }
 
     /// Per-channel goodput from the summary, bits/s.
     pub fn channel_goodputs(&self) -> Vec<f64> {
         self.summary
-            .get("channels")
-            .and_then(Value::as_array)
-            .map(|cs| {
-                cs.iter()
-                    .filter_map(|c| c.get("goodput_bps").and_then(Value::as_f64))
-                    .collect()
-            })
-            .unwrap_or_default()
+            .channels
+            .iter()
+            .map(|c| c.goodput_bps)
+            .collect()
     }
 
     /// The congestion controls the channels ran with, as the kernel reported them.
     pub fn channel_ccs(&self) -> Vec<String> {
         self.summary
-            .get("channels")
-            .and_then(Value::as_array)
-            .map(|cs| {
-                cs.iter()
-                    .map(|c| {
-                        c.get("cc")
-                            .and_then(Value::as_str)
-                            .unwrap_or("?")
-                            .to_string()
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
+            .channels
+            .iter()
+            .map(|c| c.cc.clone().unwrap_or_else(|| "?".into()))
+            .collect()
     }
 }
 
@@ -355,7 +337,7 @@ mod tests {
         };
         let r = FlowResult {
             spec: FlowSpec::new("reno", 1, 4.0),
-            summary: serde_json::json!({}),
+            summary: TransferReport::default(),
             trace: vec![
                 // Slow start past the window, recovery, then congestion avoidance below it.
                 row(0.1, 600, u32::MAX as u64, 0),
@@ -384,7 +366,10 @@ mod tests {
         };
         let r = FlowResult {
             spec: FlowSpec::new("reno", 2, 4.0),
-            summary: serde_json::json!({"goodput_bps": 5.0}),
+            summary: TransferReport {
+                goodput_bps: 5.0,
+                ..TransferReport::default()
+            },
             trace: vec![
                 row(0.5, 0, 100),
                 row(0.5, 1, 50),

@@ -6,6 +6,7 @@ pub mod admission;
 pub mod builder;
 pub mod client;
 pub mod engine;
+pub mod events;
 pub mod growth;
 pub mod handshake;
 pub mod probe;

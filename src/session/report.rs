@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 use std::time::Instant;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::telemetry::{Telemetry, SAMPLE_PERIOD};
 use crate::channels::telemetry::{DmcCounters, GuardCounters, TunerReport};
@@ -121,7 +121,7 @@ pub struct SideOutcome {
 }
 
 /// Per-channel part of a [`TransferReport`].
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChannelReport {
     /// Channel index.
     pub index: usize,
@@ -153,7 +153,7 @@ pub struct ChannelReport {
 }
 
 /// The path and transport settings a transfer ran with.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct TuningReport {
     /// RTT the plan used, microseconds (measured, or given with `--rtt`).
     pub rtt_us: u64,
@@ -172,7 +172,7 @@ pub struct TuningReport {
 }
 
 /// The result of a transfer, as printed in the `summary` JSON event.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct TransferReport {
     /// `push`, `pull`, `bench-upload` or `bench-download`.
     pub operation: String,

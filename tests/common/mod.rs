@@ -172,6 +172,16 @@ pub fn validated_events(stdout: &[u8]) -> Vec<serde_json::Value> {
     for e in &events {
         let errors: Vec<String> = validator.iter_errors(e).map(|x| x.to_string()).collect();
         assert!(errors.is_empty(), "{e}\n{errors:#?}");
+        // A transfer's events are the library's typed events, field for field.
+        if [
+            "start", "progress", "channel", "warning", "summary", "error",
+        ]
+        .contains(&e["type"].as_str().unwrap_or(""))
+        {
+            let typed: hsxfer::session::events::Event =
+                serde_json::from_value(e.clone()).unwrap_or_else(|x| panic!("{x}: {e}"));
+            assert_eq!(&serde_json::to_value(&typed).unwrap(), e);
+        }
     }
     // The validator is not vacuous: a summary missing a field is rejected.
     let mut broken = events.last().unwrap().clone();

@@ -67,8 +67,8 @@ pub fn run(opts: &RunOptions, log: &mut dyn FnMut(&str)) -> Result<Report, LabEr
         let row = Row {
             cc: cc.clone(),
             seconds_to_converge: t,
-            goodput_first: ra.summary_f64("goodput_bps"),
-            goodput_second: rb.summary_f64("goodput_bps"),
+            goodput_first: ra.summary.goodput_bps,
+            goodput_second: rb.summary.goodput_bps,
         };
         log(&format!(
             "convergence: {cc}: {}",

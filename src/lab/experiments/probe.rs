@@ -208,7 +208,7 @@ fn run_case(
                     channels: n,
                     paced,
                     goodput_bps: goodput,
-                    retransmits: r.summary_f64("retransmits") as u64,
+                    retransmits: r.summary.retransmits,
                 });
             }
         }

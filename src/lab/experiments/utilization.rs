@@ -91,12 +91,12 @@ pub fn run(opts: &RunOptions, log: &mut dyn FnMut(&str)) -> Result<Report, LabEr
                     m,
                     goodput_bps: goodput,
                     utilization: goodput / spec.goodput_ceiling_bps(),
-                    retransmits: r.summary_f64("retransmits") as u64,
+                    retransmits: r.summary.retransmits,
                     jain: jain(&r.channel_goodputs()),
                 };
-                let group = match &r.summary["dmctcp"] {
-                    serde_json::Value::Null => String::new(),
-                    g => format!(", dmctcp group {g}"),
+                let group = match &r.summary.dmctcp {
+                    None => String::new(),
+                    Some(g) => format!(", dmctcp group {}", serde_json::json!(g)),
                 };
                 log(&format!(
                     "utilization: {cc} m={m} queue={queue} ({packets} packets): {:.1} Mbit/s = {}{group}",
