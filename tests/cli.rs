@@ -690,3 +690,18 @@ fn a_one_shot_server_announces_itself_serves_one_copy_and_exits_when_its_input_c
     );
     exits_soon(&mut child, "its copy");
 }
+
+#[test]
+fn the_help_names_every_bundled_congestion_control() {
+    let names: Vec<&str> = hsxfer::tuning::bundled::BUNDLED
+        .iter()
+        .map(|b| b.name)
+        .collect();
+    let load = String::from_utf8(hsxfer(&["cc", "load", "--help"]).stdout).unwrap();
+    assert!(
+        load.contains(&format!("Names ({})", names.join(" "))),
+        "{load}"
+    );
+    let top = String::from_utf8(hsxfer(&["--help"]).stdout).unwrap();
+    assert!(top.contains(&format!("({})", names.join(", "))), "{top}");
+}

@@ -2,10 +2,7 @@
 //! clear refusal (with what to run) for one it cannot.
 
 use crate::transport::cc::CcCatalog;
-
-/// Congestion controls hsxfer bundles as BPF `struct_ops` programs, registered on demand
-/// where the kernel lacks them.
-pub const BUNDLED: &[&str] = &["dmctcp", "highspeed", "scalable", "htcp", "bic"];
+use crate::tuning::bundled;
 
 /// Checks that `name` can be selected here; otherwise says what is available and how to get
 /// it. `host` names the machine in the message ("client", "server").
@@ -28,7 +25,7 @@ pub fn check_usable(
             allowed.join(" ")
         ));
     }
-    let hint = if BUNDLED.contains(&name) {
+    let hint = if bundled::find(name).is_some() {
         format!("; hsxfer bundles it: run `sudo hsxfer cc load {name} --pin` on the {host}")
     } else {
         String::new()

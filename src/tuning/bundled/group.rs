@@ -3,6 +3,7 @@
 //! compare. One tag per transfer; two transfers never share a group. The group's counters
 //! (cuts, losses kept, channels) are read back for the transfer summary.
 
+use std::mem::offset_of;
 use std::os::fd::{AsFd, AsRawFd};
 
 use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType};
@@ -11,24 +12,49 @@ use super::inspect::newest_map;
 
 const TAGS_MAP: &str = "dmctcp_tags";
 const GROUPS_MAP: &str = "dmctcp_groups";
-/// Offsets in the BPF `struct dmc_group` (bpf/dmctcp.bpf.c).
-const GROUP_VALUE_LEN: usize = 184;
 
 /// What a DMCTCP group did during a transfer (the wire type of the telemetry).
 pub use crate::channels::telemetry::DmcCounters as GroupCounters;
 
+/// `struct dmc_group` of bpf/dmctcp.bpf.c, the value of its `dmctcp_groups` map. A unit test
+/// checks every field's offset and the size against the BTF of the bundled object.
+#[repr(C)]
+pub(super) struct GroupValue {
+    pub(super) lock: u32,
+    pub(super) used: u32,
+    pub(super) channels: u32,
+    pub(super) channels_peak: u32,
+    pub(super) first_ssthresh: u32,
+    pub(super) pad: u32,
+    pub(super) last_cut_us: u64,
+    pub(super) cuts: u64,
+    pub(super) losses_kept: u64,
+    pub(super) ss_adopted: u64,
+    pub(super) cwnd: [u32; DMC_MAX_CHANNELS],
+    pub(super) seen_us: [u64; DMC_MAX_CHANNELS],
+    pub(super) epoch_us: u64,
+    pub(super) w_max: u32,
+    pub(super) k_ms: u32,
+}
+
+/// `DMC_MAX_CHANNELS` of bpf/dmctcp.bpf.c.
+const DMC_MAX_CHANNELS: usize = 32;
+
+/// User space reads only the fields before `seen_us`, which older objects lack.
+const GROUP_VALUE_READ: usize = offset_of!(GroupValue, seen_us);
+
 /// Decodes the BPF map value of a group.
 pub fn decode(v: &[u8]) -> Option<GroupCounters> {
-    if v.len() < GROUP_VALUE_LEN {
+    if v.len() < GROUP_VALUE_READ {
         return None;
     }
     let u32_at = |o: usize| u32::from_ne_bytes(v[o..o + 4].try_into().unwrap());
     let u64_at = |o: usize| u64::from_ne_bytes(v[o..o + 8].try_into().unwrap());
     Some(GroupCounters {
-        channels: u32_at(12),
-        cuts: u64_at(32),
-        losses_kept: u64_at(40),
-        slow_start_adopted: u64_at(48),
+        channels: u32_at(offset_of!(GroupValue, channels_peak)),
+        cuts: u64_at(offset_of!(GroupValue, cuts)),
+        losses_kept: u64_at(offset_of!(GroupValue, losses_kept)),
+        slow_start_adopted: u64_at(offset_of!(GroupValue, ss_adopted)),
     })
 }
 
@@ -100,7 +126,7 @@ mod tests {
 
     #[test]
     fn decodes_the_group_layout() {
-        let mut v = vec![0u8; GROUP_VALUE_LEN];
+        let mut v = vec![0u8; GROUP_VALUE_READ];
         v[12..16].copy_from_slice(&4u32.to_ne_bytes());
         v[32..40].copy_from_slice(&9u64.to_ne_bytes());
         v[40..48].copy_from_slice(&31u64.to_ne_bytes());

@@ -2,6 +2,8 @@
 //! the guard's counters of hsxfer's own programs. Reading BPF objects by id needs root;
 //! without it the answers fall back to what `/proc` says.
 
+use std::mem::offset_of;
+
 use libbpf_rs::query::{LinkInfoIter, LinkTypeInfo, MapInfoIter};
 use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType};
 use serde::Serialize;
@@ -86,8 +88,11 @@ pub(crate) fn newest_map(name: &str, ty: MapType) -> Option<MapHandle> {
     MapHandle::from_map_id(id).ok()
 }
 
-/// Counters every hsxfer BPF congestion control keeps (its `NAME_stats` map).
+/// Counters every hsxfer BPF congestion control keeps (its `NAME_stats` map): `struct
+/// hsx_stats` of bpf/hsxfer_cc.h, field for field (a unit test checks the layout against
+/// the BTF of every bundled object).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[repr(C)]
 pub struct CcStats {
     /// Sockets that started using it.
     pub sockets: u64,
@@ -105,20 +110,19 @@ pub struct CcStats {
 }
 
 impl CcStats {
-    /// Decodes the map value (six native-endian u64, `struct hsx_stats` in bpf/hsxfer_cc.h).
+    /// Decodes the map value (native-endian, as the kernel holds it).
     pub fn decode(v: &[u8]) -> Option<CcStats> {
-        let word = |i: usize| -> Option<u64> {
-            Some(u64::from_ne_bytes(
-                v.get(i * 8..i * 8 + 8)?.try_into().ok()?,
-            ))
-        };
+        if v.len() < size_of::<CcStats>() {
+            return None;
+        }
+        let word = |o: usize| u64::from_ne_bytes(v[o..o + 8].try_into().unwrap());
         Some(CcStats {
-            sockets: word(0)?,
-            released: word(1)?,
-            ssthresh_repairs: word(2)?,
-            cwnd_repairs: word(3)?,
-            skipped_ssthresh: word(4)?,
-            last_garbage: word(5)?,
+            sockets: word(offset_of!(CcStats, sockets)),
+            released: word(offset_of!(CcStats, released)),
+            ssthresh_repairs: word(offset_of!(CcStats, ssthresh_repairs)),
+            cwnd_repairs: word(offset_of!(CcStats, cwnd_repairs)),
+            skipped_ssthresh: word(offset_of!(CcStats, skipped_ssthresh)),
+            last_garbage: word(offset_of!(CcStats, last_garbage)),
         })
     }
 

@@ -127,11 +127,102 @@ mod tests {
                 cc.name
             );
         }
-        assert_eq!(
-            BUNDLED.iter().map(|b| b.name).collect::<Vec<_>>(),
-            crate::tuning::registry::BUNDLED
-        );
         assert!(find("dmctcp").is_some());
         assert!(find("cubic").is_none());
+    }
+
+    #[test]
+    fn bpf_makefile_builds_exactly_the_catalogue() {
+        let makefile = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/bpf/Makefile"));
+        let ccs = makefile
+            .lines()
+            .find_map(|l| l.strip_prefix("CCS := "))
+            .expect("bpf/Makefile has a CCS := line");
+        let names: Vec<&str> = BUNDLED.iter().map(|b| b.name).collect();
+        assert_eq!(ccs.split_whitespace().collect::<Vec<_>>(), names);
+    }
+
+    /// Member names and byte offsets of struct `name` in a bundled object's BTF, and its size.
+    fn btf_layout(cc: &BundledCc, name: &str) -> (Vec<(String, u32)>, usize) {
+        use libbpf_rs::btf::types::{MemberAttr, Struct};
+        use libbpf_rs::btf::{Btf, HasSize};
+        let btf = Btf::from_raw(cc.name, cc.object())
+            .expect("the object parses")
+            .expect("the object has BTF");
+        let s: Struct = btf
+            .type_by_name(name)
+            .unwrap_or_else(|| panic!("{}: no struct {name}", cc.name));
+        let members = s
+            .iter()
+            .map(|m| {
+                let MemberAttr::Normal { offset } = m.attr else {
+                    panic!("{}: {name} has a bitfield", cc.name)
+                };
+                let field = m
+                    .name
+                    .expect("named members")
+                    .to_string_lossy()
+                    .into_owned();
+                (field, offset / 8)
+            })
+            .collect();
+        (members, s.size())
+    }
+
+    fn fields(layout: &[(&str, usize)]) -> Vec<(String, u32)> {
+        layout
+            .iter()
+            .map(|&(n, o)| (n.to_string(), o as u32))
+            .collect()
+    }
+
+    #[test]
+    fn the_rust_mirrors_of_bpf_structs_match_the_objects_btf() {
+        use std::mem::{offset_of, size_of};
+        let stats = [
+            ("sockets", offset_of!(inspect::CcStats, sockets)),
+            ("released", offset_of!(inspect::CcStats, released)),
+            (
+                "ssthresh_repairs",
+                offset_of!(inspect::CcStats, ssthresh_repairs),
+            ),
+            ("cwnd_repairs", offset_of!(inspect::CcStats, cwnd_repairs)),
+            (
+                "skipped_ssthresh",
+                offset_of!(inspect::CcStats, skipped_ssthresh),
+            ),
+            ("last_garbage", offset_of!(inspect::CcStats, last_garbage)),
+        ];
+        for cc in BUNDLED {
+            assert_eq!(
+                btf_layout(cc, "hsx_stats"),
+                (fields(&stats), size_of::<inspect::CcStats>()),
+                "{}: struct hsx_stats",
+                cc.name
+            );
+        }
+        use group::GroupValue as G;
+        let group = [
+            ("lock", offset_of!(G, lock)),
+            ("used", offset_of!(G, used)),
+            ("channels", offset_of!(G, channels)),
+            ("channels_peak", offset_of!(G, channels_peak)),
+            ("first_ssthresh", offset_of!(G, first_ssthresh)),
+            ("pad", offset_of!(G, pad)),
+            ("last_cut_us", offset_of!(G, last_cut_us)),
+            ("cuts", offset_of!(G, cuts)),
+            ("losses_kept", offset_of!(G, losses_kept)),
+            ("ss_adopted", offset_of!(G, ss_adopted)),
+            ("cwnd", offset_of!(G, cwnd)),
+            ("seen_us", offset_of!(G, seen_us)),
+            ("epoch_us", offset_of!(G, epoch_us)),
+            ("w_max", offset_of!(G, w_max)),
+            ("k_ms", offset_of!(G, k_ms)),
+        ];
+        let dmctcp = find("dmctcp").unwrap();
+        assert_eq!(
+            btf_layout(dmctcp, "dmc_group"),
+            (fields(&group), size_of::<G>())
+        );
     }
 }
