@@ -1,10 +1,12 @@
 //! The receiving side's bookkeeping, sans-IO: which blocks of each file have arrived (with
-//! their digests), and whether a file is complete and matches the sender's seal.
+//! their digests), whether a file is complete and matches the sender's seal, and when the
+//! whole session is ([`Completion`]).
 
 use std::collections::HashMap;
 
 use super::blocks;
 use super::frame::BlockHeader;
+use super::limits::MAX_UNFINISHED_FILES;
 use super::{Digest, Violation};
 
 /// What the receiver must do after an event.
@@ -148,6 +150,46 @@ impl ReceiveTracker {
     }
 }
 
+/// When a receiving session is done: the manifest's last piece arrived and every file it
+/// announced is committed or skipped. It also bounds how many files a sender may keep
+/// unfinished, since each holds descriptors on the receiver until committed.
+#[derive(Debug, Default)]
+pub struct Completion {
+    manifest_done: bool,
+    unfinished: u64,
+}
+
+impl Completion {
+    /// A piece of the manifest announcing `files` files (directories not counted); `last`
+    /// when no piece follows. Refused, before any file is opened, when it would take the
+    /// session past [`MAX_UNFINISHED_FILES`].
+    pub fn announced(&mut self, files: u64, last: bool) -> Result<(), Violation> {
+        if self.unfinished + files > MAX_UNFINISHED_FILES {
+            return Err(Violation(format!(
+                "the sender announced more than {MAX_UNFINISHED_FILES} files not yet done (run \
+                 the same hsxfer version on both ends)"
+            )));
+        }
+        self.manifest_done = last;
+        Ok(())
+    }
+
+    /// `files` of the announced ones will be received (the others were skipped).
+    pub fn planned(&mut self, files: u64) {
+        self.unfinished += files;
+    }
+
+    /// A file was committed.
+    pub fn committed(&mut self) {
+        self.unfinished = self.unfinished.saturating_sub(1);
+    }
+
+    /// True once the whole manifest arrived and every file in it is done.
+    pub fn finished(&self) -> bool {
+        self.manifest_done && self.unfinished == 0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,5 +296,33 @@ mod tests {
             t.on_sealed(3, vec![d(0)], false).is_err(),
             "wrong digest count"
         );
+    }
+
+    #[test]
+    fn a_session_ends_after_the_last_manifest_piece_and_the_last_commit() {
+        let mut c = Completion::default();
+        assert!(!c.finished());
+        c.announced(3, false).unwrap();
+        c.planned(2); // one skipped
+        c.committed();
+        assert!(!c.finished(), "more manifest to come");
+        c.announced(0, true).unwrap();
+        assert!(!c.finished(), "one file still unfinished");
+        c.committed();
+        assert!(c.finished());
+        let mut empty = Completion::default();
+        empty.announced(0, true).unwrap();
+        assert!(empty.finished());
+    }
+
+    #[test]
+    fn a_sender_may_not_keep_too_many_files_unfinished() {
+        let mut c = Completion::default();
+        c.announced(MAX_UNFINISHED_FILES, false).unwrap();
+        c.planned(MAX_UNFINISHED_FILES);
+        let e = c.announced(1, false).unwrap_err();
+        assert!(e.0.contains("more than 256 files"), "{e}");
+        c.committed();
+        c.announced(1, true).unwrap();
     }
 }

@@ -19,9 +19,8 @@ use super::report::{LiveStats, SideOutcome};
 use super::wire::{read_header, read_payload, ControlReader, ControlWriter};
 use crate::channels::control::{FilePlan, Message, PlanAction};
 use crate::channels::frame::DigestKey;
-use crate::channels::limits::MAX_UNFINISHED_FILES;
 use crate::channels::manifest::{Entry, EntryKind};
-use crate::channels::receiver::{ReceiveTracker, Verdict};
+use crate::channels::receiver::{Completion, ReceiveTracker, Verdict};
 use crate::channels::{Digest, Violation};
 use crate::error::{Error, Result};
 use crate::fsio::dest::{Destination, Layout};
@@ -139,31 +138,20 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         tasks: &mut JoinSet<Result<()>>,
     ) -> Result<SideOutcome> {
         let mut out = SideOutcome::default();
-        let mut manifest_done = false;
-        let mut pending_files = 0u64;
+        let mut completion = Completion::default();
         let mut dirs: Vec<(PathBuf, Entry)> = Vec::new();
         let mut commits: JoinSet<Result<u32>> = JoinSet::new();
         let mut arrivals = Arrivals::take(&mut self.growth);
-        while !(manifest_done && pending_files == 0) {
+        while !completion.finished() {
             tokio::select! {
                 msg = self.ctrl_r.expect() => match msg? {
                     Message::Manifest { entries, last } => {
-                        manifest_done = last;
-                        // Each file holds descriptors until committed: a sender may keep only
-                        // so many ahead (ours never exceeds it). Checked before any is opened.
                         let files = entries.iter().filter(|e| e.kind != EntryKind::Dir).count();
-                        if pending_files + files as u64 > MAX_UNFINISHED_FILES {
-                            return Err(Violation(format!(
-                                "the sender announced more than {MAX_UNFINISHED_FILES} files \
-                                 not yet done (run the same hsxfer version on both ends)"
-                            ))
-                            .into());
-                        }
+                        completion.announced(files as u64, last)?;
                         let plans = self.plan(shared, entries, &mut dirs, &mut out).await?;
-                        pending_files += plans
-                            .iter()
-                            .filter(|p| p.action != PlanAction::Skip)
-                            .count() as u64;
+                        completion.planned(
+                            plans.iter().filter(|p| p.action != PlanAction::Skip).count() as u64,
+                        );
                         self.ctrl_w.send(&Message::Plan { files: plans }).await?;
                     }
                     Message::Sealed { file, digests, more } => {
@@ -192,7 +180,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                 Some(done) = commits.join_next() => {
                     let file = done.map_err(Error::task("committing a file"))??;
                     lock(shared).targets.remove(&file);
-                    pending_files -= 1;
+                    completion.committed();
                     self.live.file_done();
                     self.ctrl_w.send(&Message::FileDone { file }).await?;
                 }
