@@ -3,9 +3,9 @@
 //! before the server allocates, schedules or converts anything from it: `interval_ms: 0` or
 //! `seconds: 1e300` would otherwise panic a task in a timer or a `Duration` conversion.
 
+use super::control::BufferRequest;
 use super::control::{Operation, Request, Tuning, PROTOCOL_VERSION};
 use super::limits::*;
-use crate::tuning::bdp::BufferRequest;
 
 /// A request outside what this server accepts; the text says what and the allowed range.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -13,7 +13,6 @@ use serde::{Deserialize, Serialize};
 use super::manifest::Entry;
 use super::telemetry::TelemetryBatch;
 use super::Digest;
-use crate::tuning::bdp::BufferRequest;
 
 /// Largest control frame accepted; larger announced lengths are treated as a protocol error.
 pub const MAX_CONTROL_FRAME: u32 = 16 << 20;
@@ -231,6 +230,18 @@ pub enum Policy {
     /// May choose BBR where it is faster (a path with random loss); BBR takes far more than
     /// its share from loss-based traffic.
     Fast,
+}
+
+/// The buffer setting both ends apply, carried in the session request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BufferRequest {
+    /// Kernel autotuning.
+    Kernel,
+    /// A fixed `SO_*BUF` request, bytes.
+    Fixed(u64),
+    /// Each channel needs this window, bytes; each host decides how to get it.
+    Window(u64),
 }
 
 /// The operation of a session.

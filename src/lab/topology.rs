@@ -14,7 +14,6 @@ use serde::{Deserialize, Serialize};
 
 use super::config::{Host, LabSpec};
 use super::element;
-use super::selfcheck::SelfCheck;
 use super::LabError;
 
 /// Where labs keep their state.
@@ -49,6 +48,42 @@ pub struct LabState {
     pub created_unix: u64,
     /// The self-check's results, when it ran.
     pub check: Option<SelfCheck>,
+}
+
+/// Results of the self-check (`selfcheck::run_checks`), kept in the lab's state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SelfCheck {
+    /// RTT set for sender 1, ms.
+    pub rtt_set_ms: f64,
+    /// Median RTT of the pings from sender 1 to the receiver, ms.
+    pub rtt_measured_ms: f64,
+    /// Within `selfcheck::RTT_TOLERANCE`.
+    pub rtt_ok: bool,
+    /// Goodput of one BBR flow with a 1 BDP queue after its ramp-up, bits/s.
+    pub single_flow_bps: f64,
+    /// That goodput over the ceiling the rate allows at this MTU.
+    pub single_flow_utilization: f64,
+    /// At least `selfcheck::RATE_TARGET`.
+    pub rate_ok: bool,
+    /// Packets the bottleneck dropped during the check.
+    pub bottleneck_drops: u64,
+    /// Packets dropped anywhere else (qdiscs, netfilter queue, delay element): must be 0.
+    pub drops_elsewhere: u64,
+    /// The bottleneck queue limit the kernel reports.
+    pub queue_limit: Option<u64>,
+    /// Drops only at the bottleneck and the limit as configured.
+    pub queue_ok: bool,
+    /// 99th percentile of the delay element's release lateness, µs.
+    pub lateness_p99_us: u64,
+    /// What to tell the user when a check failed.
+    pub notes: Vec<String>,
+}
+
+impl SelfCheck {
+    /// True when every check passed.
+    pub fn passed(&self) -> bool {
+        self.rtt_ok && self.rate_ok && self.queue_ok
+    }
 }
 
 /// A lab that is up.

@@ -11,7 +11,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::task::JoinSet;
 
-use super::growth::{Arrivals, Connector, Growth, Joiner, Setup};
+use super::growth::{timed_connect, Arrivals, Connector, Growth, Joiner, Setup};
 use super::handshake;
 use super::receiver::{ReceiveEngine, Sink};
 use super::report::{LiveStats, SideOutcome, TransferReport, TuningReport};
@@ -34,7 +34,7 @@ use crate::fsio::root::Scope;
 use crate::fsio::source::SourceTree;
 use crate::transport::route;
 use crate::transport::tcp_info::tcp_info;
-use crate::transport::{self, SocketOptions};
+use crate::transport::SocketOptions;
 use crate::tuning::bdp::{self, BufferChoice, BufferRequest};
 use crate::tuning::defaults;
 use crate::tuning::desync::{
@@ -607,21 +607,6 @@ fn describe_buffer(b: BufferRequest) -> String {
             "sized to a window of {w} bytes per channel (BDP share x {})",
             bdp::HEADROOM
         ),
-    }
-}
-
-/// How long a TCP connect may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Connects with [`CONNECT_TIMEOUT`], naming the address in the error.
-pub(crate) async fn timed_connect(addr: SocketAddr, opts: &SocketOptions) -> Result<TcpStream> {
-    let err = |source| Error::Connect {
-        addr: addr.to_string(),
-        source,
-    };
-    match tokio::time::timeout(CONNECT_TIMEOUT, transport::connect(addr, opts)).await {
-        Ok(r) => r.map_err(err),
-        Err(_) => Err(err(std::io::ErrorKind::TimedOut.into())),
     }
 }
 

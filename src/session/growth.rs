@@ -11,6 +11,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -18,7 +19,8 @@ use tokio::sync::mpsc;
 use super::tuning::LocalPlan;
 use crate::channels::auth::{SessionId, SessionKey};
 use crate::channels::control::Message;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::transport::{self, SocketOptions};
 
 /// A data channel that joined: its index and its stream.
 pub type Joined = (u16, TcpStream);
@@ -58,7 +60,7 @@ impl Connector {
     /// Connects channel `index` and joins it to the session.
     pub async fn join(&self, index: u16) -> Result<TcpStream> {
         let opts = self.plan.for_channel(index as usize);
-        let mut s = super::client::timed_connect(self.addr, &opts).await?;
+        let mut s = timed_connect(self.addr, &opts).await?;
         super::handshake::client_join(&mut s, &self.key, self.session, index, &self.peer).await?;
         Ok(s)
     }
@@ -146,5 +148,20 @@ pub fn admit_channels(g: Option<&Growth>, count: u16) -> Option<Message> {
             reserve(count).map(|first| Message::OpenChannels { first, count })
         }
         Joiner::Connect(_) => None,
+    }
+}
+
+/// How long a TCP connect may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connects with [`CONNECT_TIMEOUT`], naming the address in the error.
+pub(crate) async fn timed_connect(addr: SocketAddr, opts: &SocketOptions) -> Result<TcpStream> {
+    let err = |source| Error::Connect {
+        addr: addr.to_string(),
+        source,
+    };
+    match tokio::time::timeout(CONNECT_TIMEOUT, transport::connect(addr, opts)).await {
+        Ok(r) => r.map_err(err),
+        Err(_) => Err(err(std::io::ErrorKind::TimedOut.into())),
     }
 }

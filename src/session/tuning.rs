@@ -13,7 +13,7 @@ use crate::channels::telemetry::ChannelSetup;
 use crate::error::{Error, Result};
 use crate::transport::buffers::granted;
 use crate::transport::cc::{self, CcCatalog};
-use crate::transport::tcp::{NOTSENT_LOWAT, PACING_UNCAPPED};
+use crate::transport::tcp::{Tag, NOTSENT_LOWAT, PACING_UNCAPPED};
 use crate::transport::SocketOptions;
 use crate::tuning::bdp::{self, Direction};
 use crate::tuning::bundled::{self, group::DmcGroup, inspect::GuardBaseline};
@@ -188,9 +188,10 @@ pub fn local_plan(
                     .flatten(),
             },
             notsent_lowat: (side == Side::Send).then_some(NOTSENT_LOWAT),
-            dmc_group: dmc_group
+            tag: dmc_group
                 .clone()
-                .filter(|_| side == Side::Send && t.cc_of(i) == Some("dmctcp")),
+                .filter(|_| side == Side::Send && t.cc_of(i) == Some("dmctcp"))
+                .map(|g| Tag(g)),
         })
         .collect();
     Ok(LocalPlan {

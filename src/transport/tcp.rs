@@ -1,17 +1,37 @@
 //! TCP sockets built with socket2 so options are set before `connect()` (where the kernel
 //! needs them: buffer sizes decide the window scale, the congestion control the first RTTs).
 
+use std::fmt;
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, AsRawFd};
-
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
 use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
-use crate::tuning::bundled::group::DmcGroup;
+/// Something done to a socket before its congestion control starts that this layer need not
+/// understand: the DMCTCP group of a transfer (`tuning::bundled::group`) tags its channels
+/// this way, so the socket layer links no BPF code.
+pub trait SocketTag: fmt::Debug + Send + Sync {
+    /// What the tag does, for errors ("joining the dmctcp group").
+    fn what(&self) -> &'static str;
+    /// Tags the socket.
+    fn tag(&self, sock: BorrowedFd<'_>) -> io::Result<()>;
+}
+
+/// A shared [`SocketTag`]; two are equal when they are the same tag.
+#[derive(Debug, Clone)]
+pub struct Tag(pub Arc<dyn SocketTag>);
+
+impl PartialEq for Tag {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Tag {}
 
 /// Options applied to a data or control socket before it connects (or, on the server, right
 /// after it is accepted).
@@ -30,8 +50,8 @@ pub struct SocketOptions {
     /// Unsent bytes above which the socket does not report itself writable
     /// (`TCP_NOTSENT_LOWAT`), if set.
     pub notsent_lowat: Option<u32>,
-    /// The DMCTCP group to put the socket in, before its congestion control starts.
-    pub dmc_group: Option<Arc<DmcGroup>>,
+    /// A tag to put on the socket before its congestion control starts (its DMCTCP group).
+    pub tag: Option<Tag>,
 }
 
 impl SocketOptions {
@@ -40,8 +60,8 @@ impl SocketOptions {
         let named = |what: &'static str| {
             move |e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"))
         };
-        if let Some(g) = &self.dmc_group {
-            g.join(sock).map_err(named("joining the dmctcp group"))?;
+        if let Some(Tag(t)) = &self.tag {
+            t.tag(sock.as_fd()).map_err(named(t.what()))?;
         }
         if let Some(cc) = &self.congestion {
             super::cc::set_congestion(sock, cc).map_err(named("setting TCP_CONGESTION"))?;

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::sysctl::DirectionLimits;
 
@@ -35,17 +35,7 @@ pub enum BufferChoice {
     Kernel,
 }
 
-/// The buffer setting both ends apply, carried in the session request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum BufferRequest {
-    /// Kernel autotuning.
-    Kernel,
-    /// A fixed `SO_*BUF` request, bytes.
-    Fixed(u64),
-    /// Each channel needs this window, bytes; each host decides how to get it.
-    Window(u64),
-}
+pub use crate::channels::control::BufferRequest;
 
 /// The window one channel needs on a path: its share of the bandwidth-delay product, with
 /// [`HEADROOM`].

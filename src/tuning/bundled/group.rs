@@ -4,11 +4,12 @@
 //! (cuts, losses kept, channels) are read back for the transfer summary.
 
 use std::mem::offset_of;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
 use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType};
 
 use super::inspect::newest_map;
+use crate::transport::tcp::SocketTag;
 
 const TAGS_MAP: &str = "dmctcp_tags";
 const GROUPS_MAP: &str = "dmctcp_groups";
@@ -109,6 +110,16 @@ impl DmcGroup {
 impl Drop for DmcGroup {
     fn drop(&mut self) {
         let _ = self.groups.delete(&self.tag.to_ne_bytes());
+    }
+}
+
+impl SocketTag for DmcGroup {
+    fn what(&self) -> &'static str {
+        "joining the dmctcp group"
+    }
+
+    fn tag(&self, sock: BorrowedFd<'_>) -> std::io::Result<()> {
+        self.join(&sock)
     }
 }
 

@@ -8,7 +8,7 @@ use libbpf_rs::query::{LinkInfoIter, LinkTypeInfo, MapInfoIter};
 use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType};
 use serde::Serialize;
 
-use super::loader::pin_path;
+use super::pin_path;
 use crate::channels::telemetry::GuardCounters;
 use crate::transport::cc::CcCatalog;
 

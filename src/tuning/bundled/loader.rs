@@ -6,11 +6,9 @@ use std::sync::Mutex;
 
 use libbpf_rs::{Link, MapCore, Object, ObjectBuilder};
 
-use super::{find, inspect, BundledCc, BundledError};
+use super::{find, inspect, pin_path, BundledCc, BundledError, PIN_DIR};
 use crate::transport::cc::{privileged, CcCatalog};
 
-/// Where `hsxfer cc load --pin` pins registrations (one link per congestion control).
-pub const PIN_DIR: &str = "/sys/fs/bpf/hsxfer";
 /// `statfs` magic of the BPF file system.
 const BPF_FS_MAGIC: i64 = 0xcafe4a11;
 
@@ -90,11 +88,6 @@ impl Registration {
         })?;
         Ok(path)
     }
-}
-
-/// The pin of congestion control `name`.
-pub(crate) fn pin_path(name: &str) -> PathBuf {
-    Path::new(PIN_DIR).join(name)
 }
 
 /// Removes the pin of `name`; true if there was one. The congestion control stays registered

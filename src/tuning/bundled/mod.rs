@@ -11,7 +11,17 @@ pub mod group;
 pub mod inspect;
 mod loader;
 
-pub use loader::{detach, ensure_registered, unpin, Registration, PIN_DIR};
+pub use loader::{detach, ensure_registered, unpin, Registration};
+
+use std::path::{Path, PathBuf};
+
+/// Where `hsxfer cc load --pin` pins registrations (one link per congestion control).
+pub const PIN_DIR: &str = "/sys/fs/bpf/hsxfer";
+
+/// The pin of congestion control `name`.
+fn pin_path(name: &str) -> PathBuf {
+    Path::new(PIN_DIR).join(name)
+}
 
 /// One bundled congestion control.
 #[derive(Debug)]
