@@ -73,7 +73,9 @@ pub struct Violation(pub String);
 
 /// Feeds arbitrary bytes to every decoder of peer input and checks their invariants: no
 /// panic, and whatever decodes re-encodes to something that decodes to the same value. The
-/// `cargo fuzz` target (`fuzz/`) and the unit tests both call it.
+/// `cargo fuzz` target (`fuzz/`, through the `testing` feature) and the unit tests both call
+/// it.
+#[cfg(any(test, feature = "testing"))]
 pub fn check_decoders(data: &[u8]) {
     if let Some(h) = data.get(..frame::HEADER_LEN) {
         if let Ok(h) = frame::BlockHeader::decode(h.try_into().expect("header length")) {
