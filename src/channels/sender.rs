@@ -141,7 +141,7 @@ impl SendPlanner {
         Ok((jobs, seal))
     }
 
-    /// Records the digest of a block that was read (and sent, for [`Job::Send`]). Returns the
+    /// Records the digest of a block that was read (and sent, for a [`Job`] with `send`). Returns the
     /// seal's pieces once every block of the file has a digest. A re-sent block whose digest
     /// differs from the first read means the source changed under us.
     pub fn on_hashed(

@@ -56,7 +56,7 @@ pub fn channel_ended(r: Result<Result<()>, JoinError>) -> Result<()> {
 }
 
 /// Ends an engine: on success waits for every channel task to finish cleanly; on failure
-/// finds the real cause if the failure looked like the peer vanishing ([`real_cause`]),
+/// finds the real cause if the failure looked like the peer vanishing (`real_cause`),
 /// tells the peer why and stops the channels.
 pub async fn conclude<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     result: Result<SideOutcome>,

@@ -34,7 +34,7 @@ struct State {
     tuner: Option<TunerReport>,
 }
 
-/// Telemetry of one transfer; lives in [`LiveStats`].
+/// Telemetry of one transfer; lives in [`super::report::LiveStats`].
 #[derive(Default)]
 pub struct Telemetry {
     state: Mutex<State>,

@@ -31,7 +31,7 @@ fn closed(e: io::Error) -> Error {
 }
 
 /// The two halves of an authenticated control connection, each checking or sealing its
-/// direction's frames with the session key ([`control::FrameSeal`]).
+/// direction's frames with the session key ([`crate::channels::control::FrameSeal`]).
 pub fn control_pair(
     stream: TcpStream,
     key: &SessionKey,

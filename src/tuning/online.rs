@@ -11,7 +11,7 @@
 //! channel's window cut below its share, and cubic then needs many seconds to grow back.
 //!
 //! So a transfer whose rate is unknown begins with a **meter**: the first channel runs
-//! alone (the others wait) with a pacing cap of [`METER_GAIN`] × what it delivered over the
+//! alone (the others wait) with a pacing cap of `METER_GAIN` × what it delivered over the
 //! last round, BBR's startup (Cardwell et al. 2016) run from user space over any congestion
 //! control. It sends continuously at its cap instead of in slow start's ACK-clocked bursts,
 //! which overflow a tiny queue at half the path's window, and its rate doubles each round.
@@ -778,7 +778,7 @@ impl OnlineTuner {
 
 /// Shares a `total` rate among channels whose windows allow `allowed[i]` (bytes/s) the
 /// max-min fair way: a channel whose window allows less than an equal share of what is left
-/// gets what it allows and [`WINDOW_HEADROOM`] more (room to grow; its window holds it
+/// gets what it allows and `WINDOW_HEADROOM` more (room to grow; its window holds it
 /// back anyway), and the others share the rest equally.
 pub fn share_caps(total: f64, allowed: &[f64]) -> Vec<f64> {
     let mut order: Vec<usize> = (0..allowed.len()).collect();

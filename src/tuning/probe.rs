@@ -181,7 +181,7 @@ pub struct Ranked {
 /// about this much from run to run.
 const TIE: f64 = 0.02;
 
-/// Ranks trials by each configuration's mean goodput; within [`TIE`] of each other, fewer
+/// Ranks trials by each configuration's mean goodput; within `TIE` of each other, fewer
 /// retransmissions, then the earlier in `preference` (the planner's order), then fewer
 /// channels come first.
 pub fn rank(trials: &[Trial], preference: &[Config]) -> Vec<Ranked> {
