@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use hsxfer::{BenchDirection, Client, LiveStats};
+use hsxfer::{BenchAmount, BenchDirection, Client, LiveStats};
 
 #[tokio::main]
 async fn main() -> hsxfer::Result<()> {
@@ -30,7 +30,7 @@ async fn main() -> hsxfer::Result<()> {
     let live = Arc::new(LiveStats::default());
     let report = builder
         .build()?
-        .bench(BenchDirection::Upload, None, Some(seconds), &live)
+        .bench(BenchDirection::Upload, BenchAmount::Seconds(seconds), &live)
         .await?;
     println!(
         "{}",

@@ -63,7 +63,7 @@ pub use channels::control::BenchDirection;
 pub use error::{Error, Result};
 pub use session::admission::ServerLimits;
 pub use session::builder::{ClientBuilder, ServerBuilder};
-pub use session::client::{Client, PathRate, TransferOptions, Tune};
+pub use session::client::{BenchAmount, Client, PathRate, TransferOptions, Tune};
 pub use session::report::{ChannelReport, LiveStats, TransferReport};
 pub use session::sender::FaultInjection;
 pub use session::server::{Server, ServerConfig};

@@ -7,7 +7,7 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 
 use common::*;
-use hsxfer::{Auth, BenchDirection, FaultInjection};
+use hsxfer::{Auth, BenchAmount, BenchDirection, FaultInjection};
 
 #[tokio::test]
 async fn files_of_awkward_sizes_push_and_pull_with_1_4_16_channels() {
@@ -189,7 +189,7 @@ async fn bench_moves_exactly_the_requested_bytes_both_ways() {
     let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
     for dir in [BenchDirection::Upload, BenchDirection::Download] {
         let r = client(addr, 4)
-            .bench(dir, Some(300 << 20), None, &live(4))
+            .bench(dir, BenchAmount::Bytes(300 << 20), &live(4))
             .await
             .unwrap();
         assert!(r.verified);

@@ -17,8 +17,8 @@ use hsxfer::fsio::operands::{self, Direction};
 use hsxfer::probe::ProbeOptions;
 use hsxfer::tuning::desync::PaceChoice;
 use hsxfer::{
-    Auth, BenchDirection, Client, LiveStats, PathRate, Server, TransferOptions, TransferReport,
-    Tune,
+    Auth, BenchAmount, BenchDirection, Client, LiveStats, PathRate, Server, TransferOptions,
+    TransferReport, Tune,
 };
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
@@ -257,14 +257,19 @@ fn bench_memory(
     interval: f64,
 ) -> PyResult<String> {
     let direction: BenchDirection = named("direction", direction)?;
+    let amount = match (bytes, seconds) {
+        (Some(b), None) => BenchAmount::Bytes(b),
+        (None, Some(s)) => BenchAmount::Seconds(s),
+        _ => {
+            return Err(PyValueError::new_err(
+                "bench: give bytes or seconds, not both",
+            ))
+        }
+    };
     let opts = options.transfer()?;
     let live = Arc::new(LiveStats::new(opts.channels as usize));
     let l = live.clone();
-    let work = async move {
-        Client::new(&host, opts)
-            .bench(direction, bytes, seconds, &l)
-            .await
-    };
+    let work = async move { Client::new(&host, opts).bench(direction, amount, &l).await };
     json(&drive(py, work, &live, progress, interval)?)
 }
 

@@ -198,6 +198,8 @@ def test_bench_moves_generated_data(served):
     r = hsxfer.bench("127.0.0.1", direction="download", bytes=8 << 20, port=server.port,
                      token_file=token)
     assert r["operation"] == "bench-download" and r["bytes"] >= 8 << 20
+    with pytest.raises(ValueError, match="not both"):
+        hsxfer.bench("127.0.0.1", bytes=1, seconds=1, port=server.port, token_file=token)
     with pytest.raises(ValueError, match="direction"):
         hsxfer.bench("127.0.0.1", direction="sideways", port=server.port, token_file=token)
 

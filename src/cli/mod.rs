@@ -27,8 +27,8 @@ use hsxfer::session::ssh::{OneShot, SshLaunch};
 use hsxfer::tuning::bdp::BufferChoice;
 use hsxfer::tuning::desync::{PaceChoice, StaggerChoice};
 use hsxfer::{
-    Auth, BenchDirection, Client, FaultInjection, LiveStats, PathRate, Server, ServerConfig,
-    ServerLimits, TransferOptions, TransferReport, Tune, DEFAULT_PORT,
+    Auth, BenchAmount, BenchDirection, Client, FaultInjection, LiveStats, PathRate, Server,
+    ServerConfig, ServerLimits, TransferOptions, TransferReport, Tune, DEFAULT_PORT,
 };
 
 use hsxfer::fsio::operands::{self, Direction};
@@ -584,9 +584,10 @@ async fn copy(a: CopyArgs) -> anyhow::Result<bool> {
 
 async fn bench(a: BenchArgs) -> anyhow::Result<bool> {
     let mode = a.transfer.mode();
-    let seconds = match (a.size, a.time) {
-        (None, None) => Some(10.0),
-        (_, t) => t,
+    let amount = match (a.size, a.time) {
+        (Some(bytes), _) => BenchAmount::Bytes(bytes),
+        (None, Some(seconds)) => BenchAmount::Seconds(seconds),
+        (None, None) => BenchAmount::Seconds(10.0),
     };
     let (direction, way) = if a.reverse {
         (BenchDirection::Download, ProfileDirection::Pull)
@@ -608,7 +609,7 @@ async fn bench(a: BenchArgs) -> anyhow::Result<bool> {
         a.transfer.interval,
         a.transfer.trace.as_deref(),
     )?;
-    let result = client.bench(direction, a.size, seconds, &live).await;
+    let result = client.bench(direction, amount, &live).await;
     display.finish().await?;
     let report = result?;
     profiled.learn(&report);

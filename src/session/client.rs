@@ -150,6 +150,15 @@ impl TransferOptions {
     }
 }
 
+/// How much data a bench moves.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum BenchAmount {
+    /// This many bytes.
+    Bytes(u64),
+    /// For this many seconds (at most a day).
+    Seconds(f64),
+}
+
 /// A client of one `hsxfer serve` instance.
 #[derive(Debug, Clone)]
 pub struct Client {
@@ -256,15 +265,18 @@ impl Client {
         self.receive(o, Sink::Files(dest), "pull", live).await
     }
 
-    /// Memory-to-memory transfer of generated data through the full protocol: `bytes` or
-    /// `seconds` (one of them) of data in `direction`.
+    /// Memory-to-memory transfer of generated data through the full protocol: `amount` of
+    /// data in `direction`.
     pub async fn bench(
         &self,
         direction: BenchDirection,
-        bytes: Option<u64>,
-        seconds: Option<f64>,
+        amount: BenchAmount,
         live: &Arc<LiveStats>,
     ) -> Result<TransferReport> {
+        let (bytes, seconds) = match amount {
+            BenchAmount::Bytes(b) => (Some(b), None),
+            BenchAmount::Seconds(s) => (None, Some(s)),
+        };
         let op = Operation::Bench {
             direction,
             bytes,

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use super::client::{Client, PathRate, TransferOptions, Tune};
+use super::client::{BenchAmount, Client, PathRate, TransferOptions, Tune};
 use super::report::{LiveStats, TransferReport};
 use super::tuning::host_facts;
 use super::Auth;
@@ -450,7 +450,7 @@ impl Runner {
             Direction::Pull => BenchDirection::Download,
         };
         let report = Client::new(&self.host, opts.clone())
-            .bench(direction, None, Some(secs), &live)
+            .bench(direction, BenchAmount::Seconds(secs), &live)
             .await?;
         let samples = live.telemetry.take_trace();
         Ok(Measured {
