@@ -7,6 +7,7 @@ use std::net::IpAddr;
 use crate::channels::busy::Busy;
 use crate::channels::Violation;
 use crate::fsio::dest::DestError;
+use crate::fsio::profiles::ProfileError;
 use crate::fsio::root::RootError;
 use crate::fsio::source::SourceError;
 use crate::transport::cc::NotInForce;
@@ -90,6 +91,9 @@ pub enum Error {
         /// The route toward the peer as `ip route get` shows it, or why it could not be had.
         route: io::Result<String>,
     },
+    /// A saved path profile could not be read or written.
+    #[error(transparent)]
+    Profile(#[from] ProfileError),
     /// A server could not be started over SSH.
     #[error("{0}")]
     Ssh(String),

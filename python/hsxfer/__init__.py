@@ -59,7 +59,7 @@ def _options(
     cc: Union[None, str, Sequence[str]],
     rate: Optional[int],
     pace: Optional[int],
-    tune: bool,
+    tune: str,
     policy: str,
 ) -> Dict[str, Any]:
     if isinstance(cc, str):
@@ -95,7 +95,7 @@ def copy(
     cc: Union[None, str, Sequence[str]] = None,
     rate: Optional[int] = None,
     pace: Optional[int] = None,
-    tune: bool = True,
+    tune: str = "auto",
     policy: str = "fair",
     progress: Optional[Progress] = None,
     interval: float = 0.5,
@@ -111,8 +111,13 @@ def copy(
     ``token_file`` is the server's shared secret (``hsxfer token new``); without it the server
     must run ``--no-auth`` on loopback. ``cc`` names congestion controls, cycled over the
     channels; ``rate`` is the path's bottleneck in bits/s if known; ``pace`` caps each
-    channel, bits/s; ``tune=False`` keeps the settings planned at the start; ``policy`` is
-    ``"fair"`` or ``"fast"`` (may choose BBR).
+    channel, bits/s; ``policy`` is ``"fair"`` or ``"fast"`` (may choose BBR).
+
+    ``tune`` is where the rest comes from, as with ``hsxfer copy --tune``: ``"auto"`` starts
+    from the profile a probe or an earlier long copy saved for this server and direction, and
+    tunes while the copy runs; ``"probe"`` probes the path first (about 10 s) and saves it;
+    ``"off"`` keeps the settings planned at the start. Profiles are shared with the command
+    line (``~/.cache/hsxfer/profiles``). Problems with them are issued as warnings.
 
     Returns the report as a dict: the fields of ``hsxfer copy --json``'s summary (``bytes``,
     ``seconds``, ``goodput_bps``, ``verified``, ``files``, ``bytes_resumed``, ``channels``,
@@ -154,7 +159,7 @@ def bench(
     cc: Union[None, str, Sequence[str]] = None,
     rate: Optional[int] = None,
     pace: Optional[int] = None,
-    tune: bool = True,
+    tune: str = "auto",
     policy: str = "fair",
     progress: Optional[Progress] = None,
     interval: float = 0.5,
@@ -185,10 +190,13 @@ def probe(
     budget: float = 10.0,
     direction: str = "push",
     policy: str = "fair",
+    save: bool = True,
 ) -> Dict[str, Any]:
     """Measures the path to ``host`` and ranks congestion control x channels x pacing within
-    ``budget`` seconds, like ``hsxfer probe --json``. Returns the report as a dict
-    (``rtt_ms``, ``rate_bps``, ``recommendation``, ``flags``, ``candidates``, ...)."""
+    ``budget`` seconds, like ``hsxfer probe --json``. With ``save`` the result is kept as the
+    server's profile, which later copies in that direction start from (``tune="auto"``).
+    Returns the report as a dict (``rtt_ms``, ``rate_bps``, ``recommendation``, ``flags``,
+    ``candidates``, ``profile``: the saved file or None, ...)."""
     report = _native.probe(
         host,
         port=port,
@@ -196,6 +204,7 @@ def probe(
         budget=budget,
         direction=direction,
         policy=policy,
+        save=save,
     )
     return json.loads(report)
 

@@ -35,6 +35,7 @@ def probe(
     budget: float = 10.0,
     direction: str = "push",
     policy: str = "fair",
+    save: bool = True,
 ) -> str: ...
 
 class Server:

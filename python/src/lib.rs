@@ -7,6 +7,7 @@
 //! transfer: its sockets close, and the server keeps the partial files and their journals,
 //! so the same call later resumes.
 
+use std::ffi::CString;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -14,14 +15,15 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use hsxfer::fsio::operands::{self, Direction};
-use hsxfer::probe::ProbeOptions;
+use hsxfer::probe::{Direction as ProfileDirection, Fixed, ProbeOptions, ProfileStore};
+use hsxfer::session::settle::{settle, Source};
 use hsxfer::tuning::desync::PaceChoice;
 use hsxfer::{
     Auth, BenchAmount, BenchDirection, Client, LiveStats, PathRate, Server, TransferOptions,
-    TransferReport, Tune,
+    TransferReport,
 };
 use pyo3::create_exception;
-use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::exceptions::{PyException, PyUserWarning, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use serde::de::DeserializeOwned;
@@ -159,14 +161,38 @@ struct Options {
     cc: Vec<String>,
     rate: Option<u64>,
     pace: Option<u64>,
-    tune: bool,
+    tune: String,
     policy: String,
+}
+
+/// A transfer's options, where the rest of its settings come from, and what the caller fixed
+/// (a saved profile leaves that alone).
+struct Planned {
+    opts: TransferOptions,
+    source: Source,
+    fixed: Fixed,
 }
 
 impl Options {
     /// Like the command line: a given channel count is also the most the tuner may run.
-    fn transfer(self) -> PyResult<TransferOptions> {
+    fn plan(self) -> PyResult<Planned> {
         let d = TransferOptions::default();
+        let source = match self.tune.as_str() {
+            "auto" => Source::Profile,
+            "probe" => Source::Probe,
+            "off" => Source::Off,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "tune {other:?} is not one of the choices: auto, probe or off"
+                )))
+            }
+        };
+        let fixed = Fixed {
+            channels: self.channels.is_some(),
+            cc: !self.cc.is_empty(),
+            pace: self.pace.is_some(),
+            rate: self.rate.is_some(),
+        };
         let opts = TransferOptions {
             channels: self.channels.unwrap_or(d.channels),
             max_channels: self.channels.unwrap_or(d.max_channels),
@@ -176,13 +202,60 @@ impl Options {
             cc: self.cc,
             rate: self.rate.map_or(PathRate::Unknown, PathRate::Given),
             pace: self.pace.map_or(d.pace, |bits| PaceChoice::Fixed(bits / 8)),
-            tune: if self.tune { Tune::Online } else { Tune::Off },
             policy: named("policy", &self.policy)?,
             ..d
         };
         opts.validate().map_err(raise)?;
-        Ok(opts)
+        Ok(Planned {
+            opts,
+            source,
+            fixed,
+        })
     }
+}
+
+/// What a transfer yields besides its report: warnings for Python's `warnings` module.
+type Outcome = (TransferReport, Vec<String>);
+
+/// Runs one operation of a client to `host` after settling its options against the saved
+/// profile of the server and `direction` (or a probe, or neither), and saves what a long
+/// enough transfer learned, as `hsxfer copy` does.
+async fn settled<F, Fut>(
+    host: String,
+    plan: Planned,
+    direction: ProfileDirection,
+    live: Arc<LiveStats>,
+    run: F,
+) -> hsxfer::Result<Outcome>
+where
+    F: FnOnce(Client, Arc<LiveStats>) -> Fut,
+    Fut: Future<Output = hsxfer::Result<TransferReport>>,
+{
+    let Planned {
+        mut opts,
+        source,
+        fixed,
+    } = plan;
+    let port = opts.port;
+    let (profiled, done) = settle(source, &mut opts, fixed, (&host, port), direction).await?;
+    let mut warnings = done.warnings;
+    if let Some((_, Err(e))) = &done.probe {
+        warnings.push(e.to_string());
+    }
+    live.ensure_channels(opts.channels as usize);
+    let report = run(Client::new(&host, opts), live).await?;
+    if let Err(e) = profiled.learn(&report) {
+        warnings.push(e.to_string());
+    }
+    Ok((report, warnings))
+}
+
+/// The report as JSON, after handing the warnings to Python's `warnings` module.
+fn finish(py: Python<'_>, (report, warnings): Outcome) -> PyResult<String> {
+    for w in warnings {
+        PyErr::warn(py, &py.get_type::<PyUserWarning>(), &CString::new(w)?, 1)?;
+    }
+    json(&report)
 }
 
 /// `copy(operands, options)`: the last operand is the destination; `HOST:PATH` operands are
@@ -199,10 +272,10 @@ fn copy(
     interval: f64,
 ) -> PyResult<String> {
     let direction = operands::direction(&operands).map_err(PyValueError::new_err)?;
-    let opts = options.transfer()?;
-    let live = Arc::new(LiveStats::new(opts.channels as usize));
+    let plan = options.plan()?;
+    let live = Arc::new(LiveStats::default());
     let l = live.clone();
-    let report: TransferReport = match direction {
+    let outcome = match direction {
         Direction::Push {
             host,
             sources,
@@ -214,11 +287,13 @@ fn copy(
                 ));
             }
             let sources: Vec<PathBuf> = sources.into_iter().map(PathBuf::from).collect();
-            let work = async move {
-                Client::new(&host, opts)
-                    .push(&sources, recursive, &dest, &l)
-                    .await
-            };
+            let work = settled(
+                host,
+                plan,
+                ProfileDirection::Push,
+                l,
+                move |c, l| async move { c.push(&sources, recursive, &dest, &l).await },
+            );
             drive(py, work, &live, progress, interval)?
         }
         Direction::Pull {
@@ -231,15 +306,17 @@ fn copy(
                     "push: the sources must be local and the destination remote (HOST:PATH)",
                 ));
             }
-            let work = async move {
-                Client::new(&host, opts)
-                    .pull(&sources, recursive, &dest, &l)
-                    .await
-            };
+            let work = settled(
+                host,
+                plan,
+                ProfileDirection::Pull,
+                l,
+                move |c, l| async move { c.pull(&sources, recursive, &dest, &l).await },
+            );
             drive(py, work, &live, progress, interval)?
         }
     };
-    json(&report)
+    finish(py, outcome)
 }
 
 /// `bench(host, options)`: generated data through the whole protocol, discarded on arrival.
@@ -266,16 +343,25 @@ fn bench_memory(
             ))
         }
     };
-    let opts = options.transfer()?;
-    let live = Arc::new(LiveStats::new(opts.channels as usize));
-    let l = live.clone();
-    let work = async move { Client::new(&host, opts).bench(direction, amount, &l).await };
-    json(&drive(py, work, &live, progress, interval)?)
+    let way = match direction {
+        BenchDirection::Upload => ProfileDirection::Push,
+        BenchDirection::Download => ProfileDirection::Pull,
+    };
+    let plan = options.plan()?;
+    let live = Arc::new(LiveStats::default());
+    let work = settled(host, plan, way, live.clone(), move |c, l| async move {
+        c.bench(direction, amount, &l).await
+    });
+    let outcome = drive(py, work, &live, progress, interval)?;
+    finish(py, outcome)
 }
 
-/// `probe(host, …)`: measures the path and ranks configurations within `budget` seconds.
+/// `probe(host, …)`: measures the path and ranks configurations within `budget` seconds;
+/// with `save`, keeps the profile for later copies to this server (as `hsxfer probe` does).
+/// Returns the report as JSON with `profile`, the saved file (or null).
 #[pyfunction]
-#[pyo3(signature = (host, *, port, token_file=None, budget=10.0, direction="push", policy="fair"))]
+#[pyo3(signature = (host, *, port, token_file=None, budget=10.0, direction="push", policy="fair", save=true))]
+#[allow(clippy::too_many_arguments)] // the Python keywords, one by one
 fn probe(
     py: Python<'_>,
     host: String,
@@ -284,6 +370,7 @@ fn probe(
     budget: f64,
     direction: &str,
     policy: &str,
+    save: bool,
 ) -> PyResult<String> {
     if !(0.0..=86_400.0).contains(&budget) {
         return Err(PyValueError::new_err(format!(
@@ -297,8 +384,26 @@ fn probe(
         direction: named("direction", direction)?,
         policy: named("policy", policy)?,
     };
-    let work = async move { hsxfer::probe::probe(&host, &opts, &|_| {}).await };
-    json(&drive(py, work, &LiveStats::new(0), None, 0.2)?)
+    let h = host.clone();
+    let work = async move { hsxfer::probe::probe(&h, &opts, &|_| {}).await };
+    let report = drive(py, work, &LiveStats::new(0), None, 0.2)?;
+    let saved = match ProfileStore::for_user().filter(|_| save) {
+        Some(store) => Some(
+            store
+                .save(&report.profile(&host, port))
+                .map_err(raise_profile)?,
+        ),
+        None => None,
+    };
+    let mut value =
+        serde_json::to_value(&report).map_err(|e| Error::new_err(format!("report: {e}")))?;
+    value["profile"] = serde_json::json!(saved.map(|p| p.display().to_string()));
+    Ok(value.to_string())
+}
+
+/// A profile that could not be saved.
+fn raise_profile(e: hsxfer::probe::ProfileError) -> PyErr {
+    raise(e.into())
 }
 
 /// A server on this process's runtime, serving until [`ServerHandle::close`].

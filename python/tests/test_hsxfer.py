@@ -37,6 +37,13 @@ def tree_digests(top):
     return out
 
 
+@pytest.fixture(autouse=True)
+def own_profiles(tmp_path, monkeypatch):
+    """Path profiles go to a directory of the test's own, not the user's cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "hsxfer" / "profiles"
+
+
 @pytest.fixture
 def served(tmp_path):
     """A server with a token, its root, and the token file (outside the root)."""
@@ -146,7 +153,7 @@ def test_an_interrupted_push_resumes(served, tmp_path):
     with pytest.raises(Stop):
         # 2 channels paced at 80 Mbit/s each: about 5 s for the whole file.
         hsxfer.push([str(tmp_path / "big")], remote(server, "big"), channels=2, pace=80_000_000,
-                    tune=False, port=server.port, token_file=token, progress=stop_at_a_third,
+                    tune="off", port=server.port, token_file=token, progress=stop_at_a_third,
                     interval=0.05)
     assert not (root / "big").exists(), "an interrupted file appeared under its final name"
     # The server may still be closing the first session (it holds the partial file's lock).
@@ -176,7 +183,7 @@ def test_the_gil_is_released_while_a_transfer_runs(served, tmp_path):
         # One channel paced at 64 Mbit/s: about 3 s; no progress callback, so the thread
         # never takes the GIL back until the end, unless it never let it go.
         hsxfer.push([str(tmp_path / "f")], remote(server, "f"), channels=1, pace=64_000_000,
-                    tune=False, port=server.port, token_file=token)
+                    tune="off", port=server.port, token_file=token)
         done["seconds"] = time.monotonic() - t
 
     worker = threading.Thread(target=transfer)
@@ -204,12 +211,23 @@ def test_bench_moves_generated_data(served):
         hsxfer.bench("127.0.0.1", direction="sideways", port=server.port, token_file=token)
 
 
-def test_probe_measures_the_path_and_recommends(served):
-    server, _, token = served
+def test_probe_saves_a_profile_that_the_next_copy_starts_from(served, own_profiles, tmp_path):
+    server, root, token = served
     r = hsxfer.probe("127.0.0.1", port=server.port, token_file=token, budget=6)
     assert r["direction"] == "push" and r["rtt_ms"] >= 0
     assert r["candidates"], r
-    assert r["flags"].startswith("-n ") or "--" in r["flags"], r["flags"]
+    assert r["profile"] and os.path.dirname(r["profile"]) == str(own_profiles), r["profile"]
+    random_file(tmp_path / "f", 1 << 20)
+    copied = hsxfer.push(str(tmp_path / "f"), remote(server, "f"), port=server.port,
+                         token_file=token)
+    origin = copied["tuning"]["origin"]
+    assert origin and origin[0].startswith("profile ("), origin
+    # Without the profile (tune="off"), nothing comes from it.
+    plain = hsxfer.push(str(tmp_path / "f"), remote(server, "g"), port=server.port,
+                        token_file=token, tune="off")
+    assert plain["tuning"]["origin"] == [], plain["tuning"]
+    with pytest.raises(ValueError, match="tune"):
+        hsxfer.push(str(tmp_path / "f"), remote(server, "h"), port=server.port, tune="sometimes")
     with pytest.raises(ValueError, match="too short"):
         hsxfer.probe("127.0.0.1", port=server.port, token_file=token, budget=0.5)
 

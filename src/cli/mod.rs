@@ -202,7 +202,7 @@ struct TransferArgs {
     /// the rate it found, and adds channels while they pay), probe (run `hsxfer probe` first
     /// and use its result), or off (the settings planned at the start are final).
     #[arg(long, value_name = "auto|probe|off", default_value = "auto", value_parser = tune::parse_tune)]
-    tune: tune::TuneArg,
+    tune: hsxfer::session::settle::Source,
     /// Which congestion controls tuning may choose: fair (loss-based ones only, so the
     /// transfer stays near its fair share against other TCP traffic) or fast (may choose BBR).
     #[arg(long, value_name = "fair|fast", default_value = "fair", value_parser = parse_policy)]
@@ -286,10 +286,10 @@ impl TransferArgs {
         host: &str,
         direction: ProfileDirection,
         remote: Option<&OneShot>,
-    ) -> anyhow::Result<(TransferOptions, tune::Profiled)> {
+    ) -> anyhow::Result<(TransferOptions, hsxfer::session::settle::Profiled)> {
         let mut opts = self.options(remote)?;
         let profile_port = match remote {
-            Some(_) => tune::SSH_PROFILE_PORT,
+            Some(_) => hsxfer::session::settle::SSH_PROFILE_PORT,
             None => opts.port,
         };
         let p = tune::settle(
@@ -578,7 +578,7 @@ async fn copy(a: CopyArgs) -> anyhow::Result<bool> {
         r.finish().await;
     }
     let report = result?;
-    profiled.learn(&report);
+    tune::learn(&profiled, &report);
     finish(mode, report)
 }
 
@@ -612,7 +612,7 @@ async fn bench(a: BenchArgs) -> anyhow::Result<bool> {
     let result = client.bench(direction, amount, &live).await;
     display.finish().await?;
     let report = result?;
-    profiled.learn(&report);
+    tune::learn(&profiled, &report);
     finish(mode, report)
 }
 

@@ -15,9 +15,6 @@ use super::output::Mode;
 use super::units::{self, fmt_bytes, fmt_rate};
 use super::AuthArgs;
 
-/// How long a probe takes unless told otherwise.
-pub const DEFAULT_BUDGET: Duration = Duration::from_secs(10);
-
 /// Options of `hsxfer probe`.
 #[derive(Args)]
 pub struct ProbeArgs {

@@ -15,6 +15,7 @@ pub mod report;
 pub mod sampler;
 pub mod sender;
 pub mod server;
+pub mod settle;
 pub mod source;
 pub mod ssh;
 pub mod telemetry;
