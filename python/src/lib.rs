@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use hsxfer::fsio::operands::{self, Direction};
-use hsxfer::probe::{Direction as ProfileDirection, Fixed, ProbeOptions, ProfileStore};
+use hsxfer::probe::{Direction as ProfileDirection, Fixed, ProbeOptions};
 use hsxfer::session::settle::{settle, Source};
 use hsxfer::tuning::desync::PaceChoice;
 use hsxfer::{
@@ -83,9 +83,7 @@ fn runtime() -> &'static Runtime {
 
 /// A token file, or no authentication (which servers allow only on loopback).
 fn auth(token_file: Option<PathBuf>) -> PyResult<Auth> {
-    token_file.map_or(Ok(Auth::NoAuth), |p| {
-        Auth::from_token_file(&p).map_err(raise)
-    })
+    Auth::from_optional_token_file(token_file.as_deref()).map_err(raise)
 }
 
 /// A name from the library's serde vocabulary (`"push"`, `"fair"`, …).
@@ -132,8 +130,10 @@ fn drive<T: Send + 'static>(
         let waited =
             py.detach(|| rt.block_on(async { tokio::time::timeout(step, &mut task).await }));
         if let Ok(joined) = waited {
-            let result = joined.map_err(|e| Error::new_err(format!("the transfer task: {e}")))?;
-            let value = result.map_err(raise)?;
+            let value = joined
+                .map_err(hsxfer::Error::task("the transfer"))
+                .and_then(|r| r)
+                .map_err(raise)?;
             if let Some(cb) = progress {
                 cb.call1((snapshot(py, live)?,))?;
             }
@@ -177,16 +177,10 @@ impl Options {
     /// Like the command line: a given channel count is also the most the tuner may run.
     fn plan(self) -> PyResult<Planned> {
         let d = TransferOptions::default();
-        let source = match self.tune.as_str() {
-            "auto" => Source::Profile,
-            "probe" => Source::Probe,
-            "off" => Source::Off,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "tune {other:?} is not one of the choices: auto, probe or off"
-                )))
-            }
-        };
+        let source: Source = self
+            .tune
+            .parse()
+            .map_err(|e| PyValueError::new_err(format!("tune {:?}: {e}", self.tune)))?;
         let fixed = Fixed {
             channels: self.channels.is_some(),
             cc: !self.cc.is_empty(),
@@ -387,23 +381,14 @@ fn probe(
     let h = host.clone();
     let work = async move { hsxfer::probe::probe(&h, &opts, &|_| {}).await };
     let report = drive(py, work, &LiveStats::new(0), None, 0.2)?;
-    let saved = match ProfileStore::for_user().filter(|_| save) {
-        Some(store) => Some(
-            store
-                .save(&report.profile(&host, port))
-                .map_err(raise_profile)?,
-        ),
+    let saved = match save.then(|| report.save_profile(&host, port)).flatten() {
+        Some(saved) => Some(saved.map_err(|e| raise(e.into()))?),
         None => None,
     };
     let mut value =
         serde_json::to_value(&report).map_err(|e| Error::new_err(format!("report: {e}")))?;
     value["profile"] = serde_json::json!(saved.map(|p| p.display().to_string()));
     Ok(value.to_string())
-}
-
-/// A profile that could not be saved.
-fn raise_profile(e: hsxfer::probe::ProfileError) -> PyErr {
-    raise(e.into())
 }
 
 /// A server on this process's runtime, serving until [`ServerHandle::close`].
@@ -471,10 +456,10 @@ impl ServerHandle {
         let Some(task) = self.task.lock().expect("server lock").take() else {
             return Ok(());
         };
-        match py.detach(|| runtime().block_on(task)) {
-            Ok(served) => served.map_err(raise),
-            Err(e) => Err(Error::new_err(format!("the server task: {e}"))),
-        }
+        py.detach(|| runtime().block_on(task))
+            .map_err(hsxfer::Error::task("the server"))
+            .and_then(|served| served)
+            .map_err(raise)
     }
 }
 

@@ -201,7 +201,7 @@ struct TransferArgs {
     /// sending side measures the path with its first channel, paces every channel just below
     /// the rate it found, and adds channels while they pay), probe (run `hsxfer probe` first
     /// and use its result), or off (the settings planned at the start are final).
-    #[arg(long, value_name = "auto|probe|off", default_value = "auto", value_parser = tune::parse_tune)]
+    #[arg(long, value_name = "auto|probe|off", default_value = "auto", value_parser = <hsxfer::session::settle::Source as std::str::FromStr>::from_str)]
     tune: hsxfer::session::settle::Source,
     /// Which congestion controls tuning may choose: fair (loss-based ones only, so the
     /// transfer stays near its fair share against other TCP traffic) or fast (may choose BBR).

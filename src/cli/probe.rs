@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::Args;
 use hsxfer::channels::control::Policy;
-use hsxfer::probe::{probe, Direction, ProbeOptions, ProbeReport, ProbeStep, ProfileStore};
+use hsxfer::probe::{probe, Direction, ProbeOptions, ProbeReport, ProbeStep};
 use hsxfer::DEFAULT_PORT;
 use serde_json::json;
 
@@ -102,14 +102,12 @@ pub async fn run(a: ProbeArgs) -> anyhow::Result<bool> {
         &show,
     )
     .await?;
-    let saved = match ProfileStore::for_user() {
-        Some(store) => match store.save(&report.profile(host, a.port)) {
-            Ok(p) => Some(p),
-            Err(e) => {
-                eprintln!("hsxfer: warning: {e}");
-                None
-            }
-        },
+    let saved = match report.save_profile(host, a.port) {
+        Some(Ok(p)) => Some(p),
+        Some(Err(e)) => {
+            eprintln!("hsxfer: warning: {e}");
+            None
+        }
         None => None,
     };
     print_probe(mode, host, &report, saved.as_ref());

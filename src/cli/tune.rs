@@ -8,16 +8,6 @@ use hsxfer::{TransferOptions, TransferReport};
 use super::output::Mode;
 use super::probe::print_probe;
 
-/// Parses `--tune`.
-pub fn parse_tune(s: &str) -> Result<Source, String> {
-    match s {
-        "auto" => Ok(Source::Profile),
-        "probe" => Ok(Source::Probe),
-        "off" => Ok(Source::Off),
-        _ => Err("use auto, probe or off".into()),
-    }
-}
-
 /// Settles `opts` (see [`settle::settle`]), printing the probe that ran first and warnings.
 pub async fn settle(
     source: Source,

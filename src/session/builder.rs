@@ -10,31 +10,12 @@ use super::server::{Server, ServerConfig};
 use super::{token, Auth, DEFAULT_PORT};
 use crate::error::Result;
 
-/// How a builder authenticates: the token file is read at `build`.
-#[derive(Debug, Clone, Default)]
-enum Secret {
-    /// No token (`--no-auth`): loopback only.
-    #[default]
-    None,
-    /// A token file (`--token-file`).
-    File(PathBuf),
-}
-
-impl Secret {
-    fn auth(&self) -> Result<Auth> {
-        match self {
-            Secret::None => Ok(Auth::NoAuth),
-            Secret::File(p) => Auth::from_token_file(p),
-        }
-    }
-}
-
 /// Builds a [`Client`]; see [`Client::builder`].
 #[derive(Debug, Clone)]
 pub struct ClientBuilder {
     host: String,
     opts: TransferOptions,
-    secret: Secret,
+    token_file: Option<PathBuf>,
 }
 
 impl Client {
@@ -59,7 +40,7 @@ impl Client {
         ClientBuilder {
             host: host.to_string(),
             opts: TransferOptions::default(),
-            secret: Secret::None,
+            token_file: None,
         }
     }
 }
@@ -80,7 +61,7 @@ impl ClientBuilder {
 
     /// Authenticates with the token in `path` (written by `hsxfer token new`).
     pub fn token_file(mut self, path: impl Into<PathBuf>) -> Self {
-        self.secret = Secret::File(path.into());
+        self.token_file = Some(path.into());
         self
     }
 
@@ -116,7 +97,7 @@ impl ClientBuilder {
 
     /// Reads the token file and checks the options.
     pub fn build(mut self) -> Result<Client> {
-        self.opts.auth = self.secret.auth()?;
+        self.opts.auth = Auth::from_optional_token_file(self.token_file.as_deref())?;
         self.opts.validate()?;
         Ok(Client::new(&self.host, self.opts))
     }
@@ -128,7 +109,7 @@ pub struct ServerBuilder {
     root: PathBuf,
     listen: IpAddr,
     port: u16,
-    secret: Secret,
+    token_file: Option<PathBuf>,
     limits: ServerLimits,
 }
 
@@ -156,7 +137,7 @@ impl Server {
             root: root.into(),
             listen: IpAddr::V4(Ipv4Addr::LOCALHOST),
             port: DEFAULT_PORT,
-            secret: Secret::None,
+            token_file: None,
             limits: ServerLimits::default(),
         }
     }
@@ -177,7 +158,7 @@ impl ServerBuilder {
 
     /// Authenticates clients with the token in `path`.
     pub fn token_file(mut self, path: impl Into<PathBuf>) -> Self {
-        self.secret = Secret::File(path.into());
+        self.token_file = Some(path.into());
         self
     }
 
@@ -190,13 +171,13 @@ impl ServerBuilder {
     /// Reads the token file (refusing one inside the root), checks the configuration and
     /// binds the port.
     pub async fn bind(self) -> Result<Server> {
-        if let Secret::File(p) = &self.secret {
-            token::check_outside(p, &self.root)?;
+        if let Some(t) = &self.token_file {
+            token::check_outside(t, &self.root)?;
         }
         Server::bind(ServerConfig {
             root: self.root,
             listen: SocketAddr::new(self.listen, self.port),
-            auth: self.secret.auth()?,
+            auth: Auth::from_optional_token_file(self.token_file.as_deref())?,
             faults: Default::default(),
             limits: self.limits,
         })

@@ -40,6 +40,11 @@ impl Auth {
         token::read(path).map(Auth::Token)
     }
 
+    /// The token in `path`, or no authentication (loopback only) without one.
+    pub fn from_optional_token_file(path: Option<&std::path::Path>) -> crate::Result<Self> {
+        path.map_or(Ok(Auth::NoAuth), Auth::from_token_file)
+    }
+
     pub(crate) fn key(&self) -> TokenKey {
         match self {
             Auth::Token(t) => TokenKey::from_token(t),

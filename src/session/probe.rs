@@ -13,6 +13,7 @@
 //! integrity checks and all); goodput is taken from the sending sockets' `TCP_INFO` over the
 //! second half of each trial, after the ramp-up.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -25,6 +26,7 @@ use super::Auth;
 use crate::channels::control::{BenchDirection, HostFacts, Policy};
 use crate::channels::telemetry::{MeterEnd, Sample};
 use crate::error::{Error, Result};
+use crate::fsio::profiles::{ProfileError, ProfileStore};
 use crate::tuning::bdp::WIRE_OVERHEAD;
 use crate::tuning::desync::{PaceChoice, StaggerChoice};
 use crate::tuning::probe::{
@@ -101,6 +103,16 @@ pub struct ProbeReport {
 }
 
 impl ProbeReport {
+    /// Saves the profile for `server:port` in the user's store ([`ProfileStore::for_user`]);
+    /// `None` when the user has no store (no home directory).
+    pub fn save_profile(
+        &self,
+        server: &str,
+        port: u16,
+    ) -> Option<std::result::Result<PathBuf, ProfileError>> {
+        ProfileStore::for_user().map(|store| store.save(&self.profile(server, port)))
+    }
+
     /// The profile to save for `server:port`.
     pub fn profile(&self, server: &str, port: u16) -> PathProfile {
         PathProfile {

@@ -35,6 +35,20 @@ pub enum Source {
     Off,
 }
 
+impl std::str::FromStr for Source {
+    type Err = String;
+
+    /// `auto` ([`Source::Profile`]), `probe` or `off`, as `hsxfer copy --tune` takes them.
+    fn from_str(s: &str) -> std::result::Result<Source, String> {
+        match s {
+            "auto" => Ok(Source::Profile),
+            "probe" => Ok(Source::Probe),
+            "off" => Ok(Source::Off),
+            _ => Err("use auto, probe or off".into()),
+        }
+    }
+}
+
 /// Where a settled transfer's profile lives, so what it learns can be saved.
 #[derive(Debug)]
 pub struct Profiled {
