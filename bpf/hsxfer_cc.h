@@ -3,7 +3,7 @@
  * Shared parts of hsxfer's BPF congestion controls: the few kernel types they touch (declared
  * for CO-RE, so offsets are relocated against the running kernel's BTF at load time), the
  * kernel functions they call, the per-object statistics map and the guard against the
- * garbage-ssthresh hazard (DESIGN.md §3).
+ * garbage-ssthresh hazard (docs/cc.md "The guard").
  */
 #ifndef HSXFER_CC_H
 #define HSXFER_CC_H
@@ -207,7 +207,7 @@ static __always_inline u32 hsx_guard_bound(const struct hsx_guard *g)
 }
 
 /*
- * The guard against the garbage-ssthresh hazard (DESIGN.md §3, docs/cc.md "The guard"). On
+ * The guard against the garbage-ssthresh hazard (docs/cc.md "The guard"). On
  * this kernel a call into one of our programs now and then returns without running it: the
  * per-socket count of ssthresh calls (ss_calls) does not move, and the kernel stores the
  * stale stack word the trampoline returns (0x81104110 here: the low half of the SRSO return

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 /*
- * Scalable TCP (Kelly), with the constants of seed 001 Table II: alpha = 0.01 per ACKed
+ * Scalable TCP (Kelly), with the constants of Li, Leith and Shorten 2007, Table II: alpha = 0.01 per ACKed
  * segment, beta = 0.875 (cut by 1/8), standard Reno rules below Low_Window = 16 segments.
  */
 #include "hsxfer_cc.h"
