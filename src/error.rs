@@ -5,7 +5,7 @@ use std::io;
 use std::net::IpAddr;
 
 use crate::channels::busy::Busy;
-use crate::channels::Violation;
+use crate::channels::{ProtocolError, Violation};
 use crate::fsio::dest::DestError;
 use crate::fsio::profiles::ProfileError;
 use crate::fsio::root::RootError;
@@ -34,8 +34,8 @@ pub enum Error {
         /// Socket error.
         source: io::Error,
     },
-    /// The peer answered but is not an hsxfer server of this protocol version.
-    #[error("{0} is not an hsxfer server (or speaks another protocol version)")]
+    /// The peer answered but is not an hsxfer server.
+    #[error("{0} is not an hsxfer server")]
     NotHsxfer(String),
     /// The server does not answer a path measurement: it runs an older hsxfer.
     #[error("the server at {0} runs an older hsxfer that cannot measure the path (it does not answer the probe's request for its facts): upgrade hsxfer there, or copy with --tune off")]
@@ -63,9 +63,9 @@ pub enum Error {
     /// The connection closed in the middle of the session.
     #[error("the peer vanished in the middle of the transfer (connection closed); run the same command again to resume")]
     PeerVanished,
-    /// The peer broke the protocol.
+    /// The peer broke the protocol, or speaks another version of it.
     #[error(transparent)]
-    Protocol(#[from] Violation),
+    Protocol(#[from] ProtocolError),
     /// A frame or control message could not be decoded.
     #[error("malformed data from peer: {0}")]
     Malformed(String),
@@ -119,6 +119,12 @@ pub enum Error {
         /// The error.
         source: io::Error,
     },
+}
+
+impl From<Violation> for Error {
+    fn from(v: Violation) -> Self {
+        Error::Protocol(ProtocolError::Violation(v))
+    }
 }
 
 impl Error {

@@ -414,17 +414,19 @@ async fn hostile_values_in_a_request_or_manifest_end_only_their_session() {
 /// A server that answers any pull with a manifest of `entries` (a compromised or hostile
 /// server); returns its address.
 async fn hostile_server(entries: Vec<hsxfer::channels::manifest::Entry>) -> std::net::SocketAddr {
-    use hsxfer::channels::auth::{self, TokenKey};
+    use hsxfer::channels::auth::TokenKey;
     use hsxfer::channels::control::Message;
     use hsxfer::session::handshake;
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move {
         let (mut ctrl, _) = l.accept().await.unwrap();
-        let (sh, hello) = handshake::server_accept(&mut ctrl).await.unwrap();
-        let token = TokenKey::from_token(b"");
-        let (welcome, key) = auth::accept_control(&token, &sh, &hello, [1; 16]).unwrap();
-        ctrl.write_all(&welcome.encode()).await.unwrap();
+        let mut m = handshake::server_accept(&mut ctrl).await.unwrap();
+        let key = m
+            .accept_control(&TokenKey::from_token(b""), [1; 16])
+            .unwrap();
+        m.welcome();
+        handshake::answer(&mut ctrl, &mut m).await.unwrap();
         let (mut r, mut w) = control_pair(ctrl, &key, Side::Server);
         let channels = loop {
             match answer(&mut r).await {
@@ -441,9 +443,9 @@ async fn hostile_server(entries: Vec<hsxfer::channels::manifest::Entry>) -> std:
         let mut joined = Vec::new();
         for _ in 0..channels {
             let (mut d, _) = l.accept().await.unwrap();
-            let (sh, hello) = handshake::server_accept(&mut d).await.unwrap();
-            assert!(auth::verify_join(&key, &sh, &hello));
-            handshake::admit(&mut d).await.unwrap();
+            let mut m = handshake::server_accept(&mut d).await.unwrap();
+            assert!(m.admit_join(Some(&key), true));
+            handshake::answer(&mut d, &mut m).await.unwrap();
             joined.push(d);
         }
         let manifest = Message::Manifest {

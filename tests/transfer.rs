@@ -206,21 +206,23 @@ async fn bench_moves_exactly_the_requested_bytes_both_ways() {
 /// A server that answers the handshake and pings as an older hsxfer does, and closes the
 /// connection on any other message (it cannot decode the probe's request for its facts).
 async fn older_server() -> std::net::SocketAddr {
-    use hsxfer::channels::auth::{self, Hello, TokenKey};
+    use hsxfer::channels::auth::TokenKey;
     use hsxfer::channels::control::Message;
+    use hsxfer::channels::handshake::Heard;
     use hsxfer::session::handshake;
     use hsxfer::session::wire::{control_pair, Side};
-    use tokio::io::AsyncWriteExt;
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((mut s, _)) = l.accept().await {
             tokio::spawn(async move {
-                let (sh, hello) = handshake::server_accept(&mut s).await.unwrap();
-                assert!(matches!(hello, Hello::Control { .. }));
-                let (welcome, skey) =
-                    auth::accept_control(&TokenKey::from_token(b""), &sh, &hello, [7; 16]).unwrap();
-                s.write_all(&welcome.encode()).await.unwrap();
+                let mut m = handshake::server_accept(&mut s).await.unwrap();
+                assert_eq!(m.heard(), Some(Heard::Control));
+                let skey = m
+                    .accept_control(&TokenKey::from_token(b""), [7; 16])
+                    .unwrap();
+                m.welcome();
+                handshake::answer(&mut s, &mut m).await.unwrap();
                 let (mut r, mut w) = control_pair(s, &skey, Side::Server);
                 while let Ok(Message::Ping { seq }) = r.expect().await {
                     w.send(&Message::Pong { seq }).await.unwrap();
@@ -250,6 +252,39 @@ async fn a_probe_of_an_older_server_says_to_upgrade_it() {
     let msg = e.to_string();
     assert!(
         msg.contains("older hsxfer") && msg.contains("upgrade"),
+        "{msg}"
+    );
+}
+
+/// A server whose hello carries another handshake version is named as such, not as "not an
+/// hsxfer server", and the error is a protocol error.
+#[tokio::test]
+async fn a_server_of_another_protocol_version_is_named_as_such() {
+    use tokio::io::AsyncWriteExt;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut hello = b"HXS1".to_vec();
+        hello.extend_from_slice(&[0; 32]);
+        s.write_all(&hello).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    });
+    let src = tempfile::tempdir().unwrap();
+    fs::write(src.path().join("f"), b"x").unwrap();
+    let client = hsxfer::Client::builder("127.0.0.1")
+        .port(port)
+        .build()
+        .unwrap();
+    let live = std::sync::Arc::new(hsxfer::LiveStats::default());
+    let e = client
+        .push(&[src.path().join("f")], false, "f", &live)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, hsxfer::Error::Protocol(_)), "{e:?}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("another version") && msg.contains("HXS1") && msg.contains("HXS2"),
         "{msg}"
     );
 }

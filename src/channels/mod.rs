@@ -6,7 +6,8 @@
 //! - [`control`]: control-connection messages and their framing.
 //! - [`busy`]: the server's answer to a connection past one of its caps.
 //! - [`checks`]: bounds checks of a client's request.
-//! - [`auth`]: the handshake that authenticates control connections and data channels.
+//! - [`auth`]: the messages and MACs that authenticate control connections and data channels.
+//! - [`handshake`]: the client's and the server's handshake as state machines.
 //! - [`manifest`]: the file list and path rules.
 //! - [`blocks`]: the fixed block grid a file is cut into.
 //! - [`sender`] / [`receiver`]: what each side still owes, and when a file is verified.
@@ -20,6 +21,7 @@ pub mod busy;
 pub mod checks;
 pub mod control;
 pub mod frame;
+pub mod handshake;
 pub mod journal;
 pub mod limits;
 pub mod manifest;
@@ -70,6 +72,28 @@ pub fn file_digest(blocks: &[Digest]) -> Digest {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("protocol violation: {0}")]
 pub struct Violation(pub String);
+
+/// The peer cannot be talked to: it broke the protocol, or it speaks another version of it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProtocolError {
+    /// A message or frame impossible in the session's state.
+    #[error(transparent)]
+    Violation(#[from] Violation),
+    /// The peer runs an hsxfer whose protocol differs from this side's.
+    #[error(
+        "{peer} speaks another version of the hsxfer protocol ({theirs}, this side {ours}): \
+         run the same hsxfer version on both ends"
+    )]
+    OtherVersion {
+        /// The peer's address.
+        peer: String,
+        /// This side's version, as the wire shows it.
+        ours: String,
+        /// The peer's.
+        theirs: String,
+    },
+}
 
 /// Feeds arbitrary bytes to every decoder of peer input and checks their invariants: no
 /// panic, and whatever decodes re-encodes to something that decodes to the same value. The

@@ -1,16 +1,15 @@
-//! The authentication handshake over a socket (the byte layouts are in
-//! [`crate::channels::auth`]), with timeouts so a silent peer cannot hold a connection.
+//! The handshake over a socket: moves bytes between a [`TcpStream`] and the state machines of
+//! [`crate::channels::handshake`], with timeouts so a silent peer cannot hold a connection.
 
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::channels::auth::{
-    self, Hello, ServerHello, SessionId, SessionKey, TokenKey, Welcome, JOIN_OK, REFUSED,
-    SERVER_HELLO_LEN, WELCOME_LEN, WELCOME_TAG,
-};
-use crate::channels::busy::{Busy, BUSY_TAG};
+use crate::channels::auth::{SessionId, SessionKey, TokenKey, SERVER_HELLO_TAG};
+use crate::channels::busy::Busy;
+use crate::channels::handshake::{ClientHandshake, HandshakeError, Outcome, ServerHandshake};
+use crate::channels::ProtocolError;
 use crate::error::{Error, Result};
 
 /// How long either side waits for a handshake step.
@@ -28,18 +27,51 @@ async fn write(s: &mut TcpStream, b: &[u8]) -> Result<()> {
     s.write_all(b).await.map_err(|_| Error::PeerVanished)
 }
 
-async fn server_hello(s: &mut TcpStream, peer: &str) -> Result<ServerHello> {
-    let mut b = [0u8; SERVER_HELLO_LEN];
-    read_exact_timed(s, &mut b)
-        .await
-        .map_err(|_| Error::NotHsxfer(peer.into()))?;
-    if let Some(busy) = Busy::decode(&b) {
-        return Err(Error::Busy {
-            peer: peer.into(),
-            busy,
-        });
+/// The library's error for a client handshake that failed, naming the server.
+fn client_error(e: HandshakeError, peer: &str) -> Error {
+    let peer = peer.to_string();
+    match e {
+        HandshakeError::NotHsxfer | HandshakeError::UnknownHello => Error::NotHsxfer(peer),
+        HandshakeError::OtherVersion { ours, theirs } => {
+            let tag = |c: char| format!("{}{c}", String::from_utf8_lossy(&SERVER_HELLO_TAG[..3]));
+            Error::Protocol(ProtocolError::OtherVersion {
+                peer,
+                ours: tag(ours),
+                theirs: tag(theirs),
+            })
+        }
+        HandshakeError::Busy(busy) => Error::Busy { peer, busy },
+        HandshakeError::AuthRefused => Error::AuthRefused(peer),
+        HandshakeError::ServerNotAuthentic => Error::ServerNotAuthentic(peer),
+        HandshakeError::JoinRefused(ch) => {
+            Error::Refused(format!("data channel {ch} was not admitted"))
+        }
     }
-    ServerHello::decode(&b).ok_or_else(|| Error::NotHsxfer(peer.into()))
+}
+
+/// Runs a client machine to its end. A connection that closes or stays silent before the
+/// server's hello is not an hsxfer server; one that closes after our control hello refused
+/// the token.
+async fn drive(s: &mut TcpStream, mut m: ClientHandshake, peer: &str) -> Result<Outcome> {
+    let mut buf = Vec::new();
+    loop {
+        let out = m.take_output();
+        if !out.is_empty() {
+            write(s, &out).await?;
+        }
+        if let Some(o) = m.outcome() {
+            return Ok(o);
+        }
+        buf.resize(m.wants(), 0);
+        if let Err(e) = read_exact_timed(s, &mut buf).await {
+            return Err(match (m.greeted(), m.is_control()) {
+                (false, _) => Error::NotHsxfer(peer.into()),
+                (true, true) => Error::AuthRefused(peer.into()),
+                (true, false) => e,
+            });
+        }
+        m.handle(&buf).map_err(|e| client_error(e, peer))?;
+    }
 }
 
 /// Client: authenticates a control connection; returns the session id and key.
@@ -48,31 +80,16 @@ pub async fn client_control(
     key: &TokenKey,
     peer: &str,
 ) -> Result<(SessionId, SessionKey)> {
-    let sh = server_hello(s, peer).await?;
-    let nonce: [u8; 32] = rand::random();
-    write(s, &Hello::control(key, &sh, nonce).encode()).await?;
-    let mut b = [0u8; WELCOME_LEN];
-    read_exact_timed(s, &mut b[..4])
-        .await
-        .map_err(|_| Error::AuthRefused(peer.into()))?;
-    if b[..4] == BUSY_TAG {
-        let mut busy = [0u8; SERVER_HELLO_LEN];
-        busy[..4].copy_from_slice(&BUSY_TAG);
-        read_exact_timed(s, &mut busy[4..]).await?;
-        let busy = Busy::decode(&busy).expect("a busy tag");
-        return Err(Error::Busy {
-            peer: peer.into(),
-            busy,
-        });
+    match drive(
+        s,
+        ClientHandshake::control(key.clone(), rand::random()),
+        peer,
+    )
+    .await?
+    {
+        Outcome::Session { id, key } => Ok((id, key)),
+        Outcome::Joined => unreachable!("a control handshake ends in a session"),
     }
-    if b[..4] == REFUSED || b[..4] != WELCOME_TAG {
-        return Err(Error::AuthRefused(peer.into()));
-    }
-    read_exact_timed(s, &mut b[4..]).await?;
-    let welcome = Welcome::decode(&b).ok_or_else(|| Error::NotHsxfer(peer.into()))?;
-    let skey = auth::verify_welcome(key, &sh, &nonce, &welcome)
-        .ok_or_else(|| Error::ServerNotAuthentic(peer.into()))?;
-    Ok((welcome.session, skey))
 }
 
 /// Client: joins a data channel to a session.
@@ -83,46 +100,44 @@ pub async fn client_join(
     channel: u16,
     peer: &str,
 ) -> Result<()> {
-    let sh = server_hello(s, peer).await?;
-    write(s, &Hello::join(key, &sh, session, channel).encode()).await?;
-    let mut b = [0u8; 4];
-    read_exact_timed(s, &mut b).await?;
-    if b != JOIN_OK {
-        return Err(Error::Refused(format!(
-            "data channel {channel} was not admitted"
-        )));
-    }
+    drive(
+        s,
+        ClientHandshake::join(key.clone(), session, channel),
+        peer,
+    )
+    .await?;
     Ok(())
 }
 
-/// Server: sends a fresh hello and reads the client's answer.
-pub async fn server_accept(s: &mut TcpStream) -> Result<(ServerHello, Hello)> {
-    let sh = ServerHello {
-        nonce: rand::random(),
-    };
-    write(s, &sh.encode()).await?;
-    let mut tag = [0u8; 4];
-    read_exact_timed(s, &mut tag).await?;
-    let len = Hello::body_len(&tag).ok_or_else(|| Error::Malformed("unknown hello".into()))?;
-    let mut body = vec![0u8; len];
-    read_exact_timed(s, &mut body).await?;
-    let hello = Hello::decode(&tag, &body).ok_or_else(|| Error::Malformed("bad hello".into()))?;
-    Ok((sh, hello))
+/// Server: sends a fresh hello and reads the client's, leaving the machine ready for the
+/// server's answer.
+pub async fn server_accept(s: &mut TcpStream) -> Result<ServerHandshake> {
+    let mut m = ServerHandshake::new(rand::random());
+    write(s, &m.take_output()).await?;
+    let mut buf = Vec::new();
+    while m.wants() > 0 {
+        buf.resize(m.wants(), 0);
+        read_exact_timed(s, &mut buf).await?;
+        m.handle(&buf)
+            .map_err(|e| Error::Malformed(e.to_string()))?;
+    }
+    Ok(m)
+}
+
+/// Server: writes the machine's answer (a welcome or an admission).
+pub async fn answer(s: &mut TcpStream, m: &mut ServerHandshake) -> Result<()> {
+    write(s, &m.take_output()).await
+}
+
+/// Server: writes the machine's last answer (a refusal, or busy at the session cap) and
+/// closes.
+pub async fn close_with(mut s: TcpStream, m: &mut ServerHandshake) {
+    let _ = s.write_all(&m.take_output()).await;
+    let _ = s.shutdown().await;
 }
 
 /// Server: turns a connection away at one of its caps and closes. The answer is one small
 /// write to a fresh socket, so it never waits for the peer.
 pub fn turn_away(s: TcpStream, busy: Busy) {
     let _ = s.try_write(&busy.encode());
-}
-
-/// Server: refuses and closes.
-pub async fn refuse(mut s: TcpStream) {
-    let _ = s.write_all(&REFUSED).await;
-    let _ = s.shutdown().await;
-}
-
-/// Server: admits a data channel.
-pub async fn admit(s: &mut TcpStream) -> Result<()> {
-    write(s, &JOIN_OK).await
 }

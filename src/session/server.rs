@@ -24,8 +24,9 @@ use super::tuning::{
 };
 use super::wire::{control_pair, Side as WireSide};
 use super::Auth;
-use crate::channels::auth::{self, Hello, SessionId, SessionKey, TokenKey};
+use crate::channels::auth::{SessionId, SessionKey, TokenKey};
 use crate::channels::control::{BenchDirection, Message, Operation, Request};
+use crate::channels::handshake::Heard;
 use crate::channels::limits;
 use crate::error::{Error, Result};
 use crate::fsio::dest::Destination;
@@ -202,58 +203,59 @@ async fn connection(
     handshaking: Ticket,
 ) -> Result<()> {
     let limits = state.admission.limits();
-    let (sh, hello) =
-        tokio::time::timeout(limits.handshake_timeout, handshake::server_accept(&mut s))
-            .await
-            .map_err(|_| Error::Timeout("waiting for the peer's handshake"))??;
+    let mut m = tokio::time::timeout(limits.handshake_timeout, handshake::server_accept(&mut s))
+        .await
+        .map_err(|_| Error::Timeout("waiting for the peer's handshake"))??;
     drop(handshaking);
-    match hello {
-        Hello::Control { .. } => {
+    match m.heard().expect("a complete hello") {
+        Heard::Control => {
             let session: SessionId = rand::random();
-            let Some((welcome, skey)) = auth::accept_control(&state.key, &sh, &hello, session)
-            else {
-                handshake::refuse(s).await;
+            let Ok(skey) = m.accept_control(&state.key, session) else {
+                handshake::close_with(s, &mut m).await;
                 return Err(Error::AuthRefused(peer.to_string()));
             };
             let counted = match state.admission.session(peer.ip()) {
                 Ok(t) => t,
                 Err(busy) => {
-                    handshake::turn_away(s, busy);
+                    m.turn_away(busy);
+                    handshake::close_with(s, &mut m).await;
                     return Err(Error::Busy {
                         peer: peer.to_string(),
                         busy,
                     });
                 }
             };
-            use tokio::io::AsyncWriteExt;
-            s.write_all(&welcome.encode())
-                .await
-                .map_err(|_| Error::PeerVanished)?;
+            m.welcome();
+            handshake::answer(&mut s, &mut m).await?;
             s.set_nodelay(true).ok();
             let out = control(state, s, peer, session, skey).await;
             drop(counted);
             out
         }
-        Hello::Join {
-            session, channel, ..
-        } => {
+        Heard::Join { session, channel } => {
             let tx = {
                 let mut pending = state.pending.lock().expect("sessions lock");
-                let slot = pending.get_mut(&session).and_then(|p| {
-                    let ok = auth::verify_join(&p.key, &sh, &hello)
-                        && p.joined.get(channel as usize) == Some(&false);
-                    ok.then(|| {
+                let p = pending.get_mut(&session);
+                let free = p
+                    .as_ref()
+                    .is_some_and(|p| p.joined.get(channel as usize) == Some(&false));
+                match p {
+                    Some(p) if m.admit_join(Some(&p.key), free) => {
                         p.joined[channel as usize] = true;
-                        p.tx.clone()
-                    })
-                });
-                slot
+                        Some(p.tx.clone())
+                    }
+                    Some(_) => None,
+                    None => {
+                        m.admit_join(None, false);
+                        None
+                    }
+                }
             };
             let Some(tx) = tx else {
-                handshake::refuse(s).await;
+                handshake::close_with(s, &mut m).await;
                 return Err(Error::Refused(format!("bad join for channel {channel}")));
             };
-            handshake::admit(&mut s).await?;
+            handshake::answer(&mut s, &mut m).await?;
             let _ = tx.send((channel, s));
             Ok(())
         }
