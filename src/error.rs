@@ -5,6 +5,7 @@ use std::io;
 use std::net::IpAddr;
 
 use crate::channels::busy::Busy;
+use crate::channels::opening::OpeningError;
 use crate::channels::{ProtocolError, Violation};
 use crate::fsio::dest::DestError;
 use crate::fsio::profiles::ProfileError;
@@ -119,6 +120,16 @@ pub enum Error {
         /// The error.
         source: io::Error,
     },
+}
+
+impl From<OpeningError> for Error {
+    fn from(e: OpeningError) -> Self {
+        match e {
+            OpeningError::Refused(message) => Error::Refused(message),
+            OpeningError::BadRequest(bad) => Error::Usage(bad.0),
+            OpeningError::Violation(v) => v.into(),
+        }
+    }
 }
 
 impl From<Violation> for Error {

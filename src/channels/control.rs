@@ -109,6 +109,29 @@ pub enum Message {
     },
 }
 
+impl Message {
+    /// The message's kind in words, for errors about a message out of turn.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Message::Ping { .. } => "a ping",
+            Message::Pong { .. } => "a pong",
+            Message::Facts => "a question for the host's facts",
+            Message::HostFacts(_) => "the host's facts",
+            Message::Request(_) => "a request",
+            Message::Accepted { .. } => "an acceptance",
+            Message::AddChannels { .. } => "a request for channels",
+            Message::OpenChannels { .. } => "an offer of channels",
+            Message::Telemetry(_) => "telemetry",
+            Message::Manifest { .. } => "a manifest",
+            Message::Plan { .. } => "a file plan",
+            Message::Sealed { .. } => "block digests",
+            Message::Nack { .. } => "a block resend request",
+            Message::FileDone { .. } => "a file's completion",
+            Message::Abort { .. } => "an abort",
+        }
+    }
+}
+
 /// What a host says about itself for a path measurement.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostFacts {

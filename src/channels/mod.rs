@@ -6,6 +6,7 @@
 //! - [`control`]: control-connection messages and their framing.
 //! - [`busy`]: the server's answer to a connection past one of its caps.
 //! - [`checks`]: bounds checks of a client's request.
+//! - [`opening`]: the control phase (pings, facts, request, acceptance) as state machines.
 //! - [`auth`]: the messages and MACs that authenticate control connections and data channels.
 //! - [`handshake`]: the client's and the server's handshake as state machines.
 //! - [`manifest`]: the file list and path rules.
@@ -26,6 +27,7 @@ pub mod journal;
 pub mod limits;
 pub mod manifest;
 pub mod oneshot;
+pub mod opening;
 pub mod receiver;
 pub mod sender;
 pub mod telemetry;

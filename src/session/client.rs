@@ -24,10 +24,10 @@ use super::tuning::{
 use super::wire::{control_pair, ControlReader, ControlWriter, Side as WireSide};
 use super::{Auth, DEFAULT_PORT};
 use crate::channels::control::{
-    BenchDirection, HostFacts, Message, OnlineTuning, Operation, Policy, Request, Tuning,
-    PROTOCOL_VERSION,
+    BenchDirection, HostFacts, OnlineTuning, Operation, Policy, Request, Tuning, PROTOCOL_VERSION,
 };
 use crate::channels::limits;
+use crate::channels::opening::{Answer, ClientOpening, OpeningError};
 use crate::error::{Error, Result};
 use crate::fsio::dest::Destination;
 use crate::fsio::root::Scope;
@@ -216,11 +216,16 @@ impl Client {
         let peer = addr.to_string();
         let (_, skey) = handshake::client_control(&mut ctrl, &self.opts.auth.key(), &peer).await?;
         let (mut r, mut w) = control_pair(ctrl, &skey, WireSide::Client);
-        let rtt = measure_rtt(&mut r, &mut w).await?;
-        w.send(&Message::Facts).await?;
-        match r.expect().await {
-            Ok(Message::HostFacts(f)) => Ok((f, rtt)),
-            Ok(Message::Abort { message }) => Err(Error::Refused(message)),
+        let mut opening = ClientOpening::new();
+        let rtt = measure_rtt(&mut opening, &mut r, &mut w).await?;
+        w.send(&opening.ask_facts()).await?;
+        match r
+            .expect()
+            .await
+            .map(|m| opening.on_message(m, Instant::now()))
+        {
+            Ok(Ok(Answer::Facts(f))) => Ok((*f, rtt)),
+            Ok(Err(OpeningError::Refused(message))) => Err(Error::Refused(message)),
             // An older server cannot decode the request and closes the connection.
             Ok(_) | Err(Error::PeerVanished) | Err(Error::Malformed(_)) => Err(Error::TooOld(peer)),
             Err(e) => Err(e),
@@ -408,9 +413,10 @@ impl Client {
         let (session, skey) =
             handshake::client_control(&mut ctrl, &self.opts.auth.key(), &peer).await?;
         let (mut ctrl_r, mut ctrl_w) = control_pair(ctrl, &skey, WireSide::Client);
+        let mut opening = ClientOpening::new();
         let rtt = match self.opts.rtt {
             Some(rtt) => rtt,
-            None => measure_rtt(&mut ctrl_r, &mut ctrl_w).await?,
+            None => measure_rtt(&mut opening, &mut ctrl_r, &mut ctrl_w).await?,
         };
         let ctrl: &TcpStream = ctrl_r.get_ref().as_ref();
         let mss = tcp_info(ctrl).map(|t| t.mss).unwrap_or(0);
@@ -451,7 +457,7 @@ impl Client {
             origin: self.opts.origin.clone(),
             online: None,
         };
-        let request = Message::Request(Request {
+        let request = opening.request(Request {
             version: PROTOCOL_VERSION,
             op,
             channels: n,
@@ -459,14 +465,9 @@ impl Client {
             tuning,
         });
         ctrl_w.send(&request).await?;
-        match ctrl_r.expect().await? {
-            Message::Accepted { notes, .. } => report.notes.extend(notes),
-            Message::Abort { message } => return Err(Error::Refused(message)),
-            other => {
-                return Err(Error::Malformed(format!(
-                    "expected acceptance, got {other:?}"
-                )))
-            }
+        match opening.on_message(ctrl_r.expect().await?, Instant::now())? {
+            Answer::Accepted { notes, .. } => report.notes.extend(notes),
+            other => unreachable!("a request is answered by its acceptance, not {other:?}"),
         }
         let mut joins = JoinSet::new();
         for ch in 0..n {
@@ -589,19 +590,15 @@ fn interface_speed(ctrl: &TcpStream) -> Option<u64> {
 /// The path RTT: the fastest of a few ping exchanges on the control connection, or the
 /// connection's `TCP_INFO` minimum RTT if lower (it excludes the peers' scheduling delay).
 async fn measure_rtt(
+    opening: &mut ClientOpening,
     r: &mut ControlReader<OwnedReadHalf>,
     w: &mut ControlWriter<OwnedWriteHalf>,
 ) -> Result<Duration> {
-    let mut best = Duration::MAX;
-    for seq in 0..PINGS {
-        let t = Instant::now();
-        w.send(&Message::Ping { seq }).await?;
-        match r.expect().await? {
-            Message::Pong { seq: s } if s == seq => best = best.min(t.elapsed()),
-            Message::Abort { message } => return Err(Error::Refused(message)),
-            other => return Err(Error::Malformed(format!("expected a pong, got {other:?}"))),
-        }
+    for _ in 0..PINGS {
+        w.send(&opening.ping(Instant::now())).await?;
+        opening.on_message(r.expect().await?, Instant::now())?;
     }
+    let mut best = opening.best_rtt().expect("pings were answered");
     if let Ok(info) = tcp_info(r.get_ref().as_ref()) {
         if info.min_rtt_us > 0 {
             best = best.min(Duration::from_micros(info.min_rtt_us as u64));

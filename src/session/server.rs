@@ -28,6 +28,7 @@ use crate::channels::auth::{SessionId, SessionKey, TokenKey};
 use crate::channels::control::{BenchDirection, Message, Operation, Request};
 use crate::channels::handshake::Heard;
 use crate::channels::limits;
+use crate::channels::opening::{ServerHeard, ServerOpening};
 use crate::error::{Error, Result};
 use crate::fsio::dest::Destination;
 use crate::fsio::root::Scope;
@@ -274,20 +275,16 @@ async fn control(
     // Pings and facts come first; the request must follow soon, or the session slot is held
     // by a peer that does nothing.
     let asked_by = Instant::now() + state.admission.limits().request_timeout;
+    let mut opening = ServerOpening::new();
     let asked = async {
         loop {
             let next = tokio::time::timeout_at(asked_by.into(), r.expect())
                 .await
                 .map_err(|_| Error::Timeout("waiting for the client's request"))?;
-            match next? {
-                Message::Ping { seq } => w.send(&Message::Pong { seq }).await?,
-                Message::Facts => w.send(&Message::HostFacts(host_facts()?)).await?,
-                Message::Request(req) => return Ok(req),
-                other => {
-                    return Err(Error::Malformed(format!(
-                        "expected a request, got {other:?}"
-                    )))
-                }
+            match opening.on_message(next?)? {
+                ServerHeard::Reply(m) => w.send(&m).await?,
+                ServerHeard::Facts => w.send(&Message::HostFacts(host_facts()?)).await?,
+                ServerHeard::Request(req) => return Ok(*req),
             }
         }
     };
@@ -335,11 +332,7 @@ async fn control(
         state: state.clone(),
         session,
     };
-    w.send(&Message::Accepted {
-        channels: n,
-        notes: plan.notes.clone(),
-    })
-    .await?;
+    w.send(&opening.accept(n, plan.notes.clone())).await?;
     let deadline = Instant::now() + JOIN_TIMEOUT;
     let mut channels: Vec<(u16, TcpStream)> = Vec::with_capacity(n as usize);
     while channels.len() < n as usize {
@@ -512,7 +505,6 @@ enum Role {
 /// tree of a pull (on the blocking pool: a large tree takes a while to list), or the
 /// generated data of a bench.
 async fn prepare_role(state: &State, req: &Request) -> Result<Role> {
-    req.check().map_err(|e| Error::Usage(e.0))?;
     Ok(match &req.op {
         Operation::Push { dest, sources } => Role::Receive(Sink::Files(Destination::resolve(
             state.scope.clone(),
