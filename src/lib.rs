@@ -65,6 +65,7 @@ pub use session::admission::ServerLimits;
 pub use session::builder::{ClientBuilder, ServerBuilder};
 pub use session::client::{BenchAmount, Client, PathRate, TransferOptions, Tune};
 pub use session::report::{ChannelReport, LiveStats, TransferReport};
-pub use session::sender::FaultInjection;
 pub use session::server::{Server, ServerConfig};
+#[cfg(feature = "testing")]
+pub use session::FaultInjection;
 pub use session::{Auth, DEFAULT_PORT};

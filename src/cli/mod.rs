@@ -21,14 +21,13 @@ use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use hsxfer::channels::control::Policy;
 use hsxfer::channels::oneshot::Announcement;
-use hsxfer::fsio::partial::CommitStep;
 use hsxfer::probe::{Direction as ProfileDirection, Fixed};
 use hsxfer::session::ssh::{OneShot, SshLaunch};
 use hsxfer::tuning::bdp::BufferChoice;
 use hsxfer::tuning::desync::{PaceChoice, StaggerChoice};
 use hsxfer::{
-    Auth, BenchAmount, BenchDirection, Client, FaultInjection, LiveStats, PathRate, Server,
-    ServerConfig, ServerLimits, TransferOptions, TransferReport, Tune, DEFAULT_PORT,
+    Auth, BenchAmount, BenchDirection, Client, LiveStats, PathRate, Server, ServerConfig,
+    ServerLimits, TransferOptions, TransferReport, Tune, DEFAULT_PORT,
 };
 
 use hsxfer::fsio::operands::{self, Direction};
@@ -105,7 +104,8 @@ impl AuthArgs {
     }
 }
 
-/// Test-only fault injection (hidden from help).
+/// Test-only fault injection (hidden from help; `testing` feature).
+#[cfg(feature = "testing")]
 #[derive(Args)]
 struct FaultArgs {
     /// Corrupt the N-th block sent after its CRC was computed.
@@ -116,12 +116,13 @@ struct FaultArgs {
     debug_corrupt_past_check: Option<u64>,
     /// Kill the receiving server (SIGKILL) just before this step of a commit.
     #[arg(long, hide = true, value_name = "STEP")]
-    debug_crash_at: Option<CommitStep>,
+    debug_crash_at: Option<hsxfer::fsio::partial::CommitStep>,
 }
 
+#[cfg(feature = "testing")]
 impl FaultArgs {
-    fn faults(&self) -> FaultInjection {
-        FaultInjection {
+    fn faults(&self) -> hsxfer::FaultInjection {
+        hsxfer::FaultInjection {
             corrupt_on_wire: self.debug_corrupt_wire,
             corrupt_past_check: self.debug_corrupt_past_check,
             crash_at: self.debug_crash_at,
@@ -160,6 +161,7 @@ struct ServeArgs {
     stdio: bool,
     #[command(flatten)]
     auth: AuthArgs,
+    #[cfg(feature = "testing")]
     #[command(flatten)]
     faults: FaultArgs,
 }
@@ -218,6 +220,7 @@ struct TransferArgs {
     json: bool,
     #[command(flatten)]
     auth: AuthArgs,
+    #[cfg(feature = "testing")]
     #[command(flatten)]
     faults: FaultArgs,
 }
@@ -253,6 +256,7 @@ impl TransferArgs {
             stagger: self.stagger,
             pace: self.pace,
             interval: self.interval,
+            #[cfg(feature = "testing")]
             faults: self.faults.faults(),
         };
         if self.interval < Duration::from_millis(10) {
@@ -484,6 +488,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<bool> {
         root: root.clone(),
         listen: SocketAddr::new(ip, port),
         auth,
+        #[cfg(feature = "testing")]
         faults: a.faults.faults(),
         limits: ServerLimits {
             sessions: a.max_sessions,

@@ -71,7 +71,7 @@ pub enum CommitStep {
 impl std::str::FromStr for CommitStep {
     type Err = String;
 
-    /// The step's name in `--debug-crash-at`: `set-attributes`, `sync-file`, `rename`,
+    /// The step's name in `--debug-crash-at` (a `testing` build): `set-attributes`, `sync-file`, `rename`,
     /// `sync-dir` or `remove-journal`.
     fn from_str(s: &str) -> Result<Self, String> {
         Ok(match s {

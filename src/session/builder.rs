@@ -178,6 +178,7 @@ impl ServerBuilder {
             root: self.root,
             listen: SocketAddr::new(self.listen, self.port),
             auth: Auth::from_optional_token_file(self.token_file.as_deref())?,
+            #[cfg(feature = "testing")]
             faults: Default::default(),
             limits: self.limits,
         })

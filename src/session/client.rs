@@ -11,12 +11,13 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::task::JoinSet;
 
+use super::faults::FaultInjection;
 use super::growth::{timed_connect, Arrivals, Connector, Growth, Joiner, Setup};
 use super::handshake;
 use super::receiver::{ReceiveEngine, Sink};
 use super::report::{LiveStats, SideOutcome, TransferReport, TuningReport};
 use super::sampler::SendingSide;
-use super::sender::{FaultInjection, SendEngine};
+use super::sender::SendEngine;
 use super::source::{BenchLimit, SendSource};
 use super::tuning::{
     check_congestion, enforce_congestion, local_plan, online_tuner, read_setup, Side,
@@ -101,8 +102,19 @@ pub struct TransferOptions {
     pub pace: PaceChoice,
     /// How often a sending server reports telemetry.
     pub interval: Duration,
-    /// Deliberate damage, for tests of the integrity path.
+    /// Deliberate damage, for tests of the integrity path (`testing` feature).
+    #[cfg(feature = "testing")]
     pub faults: FaultInjection,
+}
+
+impl TransferOptions {
+    /// The test hooks in force: none without the `testing` feature.
+    pub(crate) fn faults(&self) -> FaultInjection {
+        #[cfg(feature = "testing")]
+        return self.faults;
+        #[cfg(not(feature = "testing"))]
+        FaultInjection::default()
+    }
 }
 
 impl Default for TransferOptions {
@@ -123,6 +135,7 @@ impl Default for TransferOptions {
             stagger: StaggerChoice::Auto,
             pace: PaceChoice::Auto,
             interval: Duration::from_secs(1),
+            #[cfg(feature = "testing")]
             faults: FaultInjection::default(),
         }
     }
@@ -329,7 +342,7 @@ impl Client {
             block_size: self.opts.block_size,
             live: live.clone(),
             digest_key: self.opts.auth.key().digest_key(),
-            faults: self.opts.faults,
+            faults: self.opts.faults(),
             forward_telemetry: None,
             growth: Some(growth),
         }

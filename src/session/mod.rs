@@ -7,6 +7,8 @@ pub mod builder;
 pub mod client;
 pub mod engine;
 pub mod events;
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+mod faults;
 pub mod growth;
 pub mod handshake;
 pub mod probe;
@@ -22,6 +24,9 @@ pub mod telemetry;
 pub mod token;
 pub mod tuning;
 pub mod wire;
+
+#[cfg(feature = "testing")]
+pub use faults::FaultInjection;
 
 use crate::channels::auth::TokenKey;
 

@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 use super::engine::{channel_ended, conclude};
+use super::faults::FaultInjection;
 use super::growth::{ask_for_channels, recv_or_pending, Arrivals, Growth};
 use super::report::{LiveStats, SideOutcome};
 use super::source::{read_file_block, BlockReader, SendSource};
@@ -23,20 +24,6 @@ use crate::channels::manifest::EntryKind;
 use crate::channels::sender::{Job, SendPlanner};
 use crate::channels::{Digest, Violation};
 use crate::error::{Error, Result};
-use crate::fsio::partial::CommitStep;
-
-/// Deliberate damage for tests of the integrity path: the n-th block sent (counting from 0
-/// over the whole session) is altered after its checks were computed.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct FaultInjection {
-    /// Flip a payload byte after hashing: caught on arrival, re-sent at once.
-    pub corrupt_on_wire: Option<u64>,
-    /// Flip a payload byte and send the damaged bytes' digest: only the end-to-end
-    /// comparison with the seal can catch it.
-    pub corrupt_past_check: Option<u64>,
-    /// A receiving server kills itself (SIGKILL) just before this step of a commit.
-    pub crash_at: Option<CommitStep>,
-}
 
 struct Hashed {
     file: u32,

@@ -12,12 +12,13 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Notify};
 
 use super::admission::{Admission, ServerLimits, Ticket};
+use super::faults::FaultInjection;
 use super::growth::{Arrivals, Growth, Joiner, Reserve, Setup};
 use super::handshake;
 use super::receiver::{ReceiveEngine, Sink};
 use super::report::LiveStats;
 use super::sampler::SendingSide;
-use super::sender::{FaultInjection, SendEngine};
+use super::sender::SendEngine;
 use super::source::SendSource;
 use super::tuning::{
     enforce_congestion, host_facts, local_plan, online_tuner, read_setup, LocalPlan, Side,
@@ -48,11 +49,23 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     /// Authentication.
     pub auth: Auth,
-    /// Deliberate damage to blocks this server sends, for tests of the integrity path.
+    /// Deliberate damage to blocks this server sends, and crashes, for tests of the
+    /// integrity and crash paths (`testing` feature).
+    #[cfg(feature = "testing")]
     pub faults: FaultInjection,
     /// How many connections and sessions it holds at once, and how long a peer may take to
     /// authenticate and to ask.
     pub limits: ServerLimits,
+}
+
+impl ServerConfig {
+    /// The test hooks in force: none without the `testing` feature.
+    fn faults(&self) -> FaultInjection {
+        #[cfg(feature = "testing")]
+        return self.faults;
+        #[cfg(not(feature = "testing"))]
+        FaultInjection::default()
+    }
 }
 
 struct Pending {
@@ -137,7 +150,7 @@ impl Server {
             state: Arc::new(State {
                 scope,
                 key: cfg.auth.key(),
-                faults: cfg.faults,
+                faults: cfg.faults(),
                 admission: Admission::new(cfg.limits),
                 pending: Mutex::new(HashMap::new()),
                 transfer_ended: Notify::new(),

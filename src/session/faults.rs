@@ -1,0 +1,17 @@
+//! Deliberate faults for tests of the integrity and crash paths. Public only with the
+//! `testing` feature; without it every hook is off.
+
+use crate::fsio::partial::CommitStep;
+
+/// Deliberate damage for tests of the integrity path: the n-th block sent (counting from 0
+/// over the whole session) is altered after its checks were computed.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FaultInjection {
+    /// Flip a payload byte after hashing: caught on arrival, re-sent at once.
+    pub corrupt_on_wire: Option<u64>,
+    /// Flip a payload byte and send the damaged bytes' digest: only the end-to-end
+    /// comparison with the seal can catch it.
+    pub corrupt_past_check: Option<u64>,
+    /// A receiving server kills itself (SIGKILL) just before this step of a commit.
+    pub crash_at: Option<CommitStep>,
+}
