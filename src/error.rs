@@ -39,10 +39,10 @@ pub enum Error {
     #[error("{0} is not an hsxfer server")]
     NotHsxfer(String),
     /// The server does not answer a path measurement: it runs an older hsxfer.
-    #[error("the server at {0} runs an older hsxfer that cannot measure the path (it does not answer the probe's request for its facts): upgrade hsxfer there, or copy with --tune off")]
+    #[error("the server at {0} runs an older hsxfer that cannot measure the path (it does not answer the probe's request for its facts): upgrade hsxfer there, or transfer with `tune` off")]
     TooOld(String),
     /// The server refused our token.
-    #[error("authentication refused by {0}: wrong token (give the server's token with --token-file, or --no-auth if the server runs with --no-auth)")]
+    #[error("authentication refused by {0}: wrong token (give the server's token with `token_file`, or `no_auth` if the server runs without authentication)")]
     AuthRefused(String),
     /// The server could not prove it holds the token.
     #[error("server {0} failed to prove it holds the token: refusing to talk to it")]
@@ -157,8 +157,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// What the server's operator can change when its session caps turn clients away.
 fn busy_hint(b: &Busy) -> &'static str {
     match (b.sessions, b.per_address) {
-        (true, true) => " (the server's --max-sessions-per-address raises the limit)",
-        (true, false) => " (the server's --max-sessions raises the limit)",
+        (true, true) => " (the server's `ServerLimits::sessions_per_address` raises the limit)",
+        (true, false) => " (the server's `ServerLimits::sessions` raises the limit)",
         (false, _) => "",
     }
 }
@@ -176,16 +176,16 @@ fn cc_not_in_force(
     match (congctl, shown) {
         (Some(c), _) if c.starts_with("congctl lock ") => format!(
             "{asked} the {host}'s route to {peer} forces {} (ip route get {peer} shows \"{c}\"): \
-             remove the lock or run without --cc",
+             remove the lock or run without `cc`",
             m.in_force
         ),
         (_, Ok(_)) => format!(
             "{asked} on the {host}'s data channel to {peer} {m}, and ip route get {peer} shows no \
-             \"congctl lock\": run without --cc"
+             \"congctl lock\": run without `cc`"
         ),
         (_, Err(e)) => format!(
             "{asked} on the {host}'s data channel to {peer} {m}; a route with \"congctl lock {}\" \
-             does this (`ip route get {peer}` failed: {e}): remove the lock or run without --cc",
+             does this (`ip route get {peer}` failed: {e}): remove the lock or run without `cc`",
             m.in_force
         ),
     }
@@ -216,7 +216,7 @@ mod tests {
             locked(Ok(shown.into())),
             "congestion control reno was asked for but the server's route to 10.0.0.2 forces \
              cubic (ip route get 10.0.0.2 shows \"congctl lock cubic\"): remove the lock or run \
-             without --cc"
+             without `cc`"
         );
         let missing = locked(Err(io::Error::from_raw_os_error(libc::ENOENT)));
         assert!(
@@ -225,7 +225,7 @@ mod tests {
                  10.0.0.2 cubic stays in force (setting reno again: Operation not permitted"
             ) && missing.ends_with(
                 "; a route with \"congctl lock cubic\" does this (`ip route get 10.0.0.2` failed: \
-                 No such file or directory (os error 2)): remove the lock or run without --cc"
+                 No such file or directory (os error 2)): remove the lock or run without `cc`"
             ),
             "{missing}"
         );
@@ -233,7 +233,7 @@ mod tests {
         assert!(
             unlocked.ends_with(
                 "(setting reno again: Operation not permitted (os error 1)), and ip route get \
-                 10.0.0.2 shows no \"congctl lock\": run without --cc"
+                 10.0.0.2 shows no \"congctl lock\": run without `cc`"
             ),
             "{unlocked}"
         );

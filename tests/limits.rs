@@ -151,7 +151,7 @@ async fn a_session_past_the_cap_is_told_to_retry_and_an_idle_one_frees_its_slot(
     assert!(
         text.contains("1 sessions from this client's address")
             && text.contains("retry later")
-            && text.contains("--max-sessions-per-address"),
+            && text.contains("`ServerLimits::sessions_per_address`"),
         "{text}"
     );
     let mut buf = [0u8; 64];

@@ -38,7 +38,7 @@ async fn wrong_or_missing_token_is_refused_and_the_server_keeps_serving() {
             .unwrap_err();
         assert!(matches!(e, Error::AuthRefused(_)), "{e}");
         assert!(
-            e.to_string().contains("--token-file"),
+            e.to_string().contains("`token_file`"),
             "the error says what to do: {e}"
         );
     }

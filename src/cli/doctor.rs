@@ -1,6 +1,7 @@
 //! `hsxfer doctor`: runs the host checks of [`hsxfer::tuning::doctor`] and prints them for
 //! people, or as one JSON document with `--json` (schema in docs/json.md).
 
+use super::flags::as_flags;
 use std::net::{IpAddr, ToSocketAddrs};
 use std::time::Duration;
 
@@ -98,9 +99,9 @@ const WIDTH: usize = 100;
 
 fn print_human(findings: &[Finding]) {
     for f in findings {
-        println!("{:<4} {}: {}", tag(f.status), f.check, f.summary);
+        println!("{:<4} {}: {}", tag(f.status), f.check, as_flags(&f.summary));
         if let Some(d) = &f.detail {
-            print_wrapped(d);
+            print_wrapped(&as_flags(d));
         }
         for fix in &f.fix {
             println!("{INDENT}fix: {fix}");

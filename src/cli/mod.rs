@@ -2,6 +2,7 @@
 
 mod cc;
 mod doctor;
+mod flags;
 mod lab;
 
 mod output;

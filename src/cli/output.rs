@@ -2,6 +2,7 @@
 //! channel with its TCP state), NDJSON events with `--json` (schema in docs/json.md), a
 //! `--trace` CSV time series, and a human summary.
 
+use super::flags::as_flags;
 use std::fs::File;
 use std::io::{BufWriter, IsTerminal, Write};
 use std::path::Path;
@@ -252,12 +253,13 @@ fn progress_events(live: &LiveStats, bytes: &[u64], rates: &[f64]) {
 /// Prints the final summary (and the limits noted during set-up as warnings).
 pub fn summary(mode: Mode, r: &TransferReport) {
     for note in &r.tuning.notes {
+        let note = as_flags(note);
         if mode == Mode::Json {
             emit(&Event::Warning {
                 message: note.clone(),
             });
         }
-        eprintln!("hsxfer: warning: {}", printable(note));
+        eprintln!("hsxfer: warning: {}", printable(&note));
     }
     match mode {
         Mode::Json => emit(&Event::summary(r)),
@@ -342,12 +344,13 @@ fn human_summary(r: &TransferReport) {
 
 /// Prints an error: an `error` event with `--json`, and always a line on stderr.
 pub fn error(mode: Mode, e: &anyhow::Error) {
+    let message = as_flags(&format!("{e:#}"));
     if mode == Mode::Json {
         emit(&Event::Error {
-            message: format!("{e:#}"),
+            message: message.clone(),
         });
     }
-    eprintln!("hsxfer: error: {}", printable(&format!("{e:#}")));
+    eprintln!("hsxfer: error: {}", printable(&message));
 }
 
 /// Text a peer may have chosen (an abort message, a note, a file name), made safe for a

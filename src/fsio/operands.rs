@@ -127,7 +127,7 @@ pub fn ssh_root(dir: &mut Direction) -> Result<&'static str, String> {
     }
     if absolute < paths.len() {
         return Err(
-            "with --ssh, remote paths must be all absolute or all relative to the home directory"
+            "with `ssh`, remote paths must be all absolute or all relative to the home directory"
                 .into(),
         );
     }

@@ -268,7 +268,7 @@ pub async fn probe(
     let need = min_budget(rtt);
     if opts.budget < need {
         return Err(Error::Usage(format!(
-            "a probe budget of {:.1} s is too short for a path of {:.1} ms RTT: give --budget {}s or more",
+            "a probe budget of {:.1} s is too short for a path of {:.1} ms RTT: give a `budget` of {}s or more",
             opts.budget.as_secs_f64(),
             rtt.as_secs_f64() * 1e3,
             need.as_secs_f64().ceil()

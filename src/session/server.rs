@@ -137,7 +137,7 @@ impl Server {
     pub async fn bind(cfg: ServerConfig) -> Result<Server> {
         if cfg.auth == Auth::NoAuth && !cfg.listen.ip().is_loopback() {
             return Err(Error::Usage(format!(
-                "--no-auth is only allowed on a loopback address, not {}: give --token-file FILE",
+                "`no_auth` is only allowed on a loopback address, not {}: give a `token_file`",
                 cfg.listen.ip()
             )));
         }

@@ -79,7 +79,7 @@ impl SshLaunch {
         let (program, options) = self
             .command
             .split_first()
-            .ok_or_else(|| Error::Usage("--ssh-command is empty".into()))?;
+            .ok_or_else(|| Error::Usage("`SshLaunch::command` is empty".into()))?;
         let mut words: Vec<String> = ["serve", "--once", "--stdio", "--root", root]
             .iter()
             .map(|w| w.to_string())
@@ -136,7 +136,7 @@ impl SshLaunch {
             };
             return Err(Error::Ssh(format!(
                 "no hsxfer server started on {target} over ssh ({how}): check that `{} {target}` \
-                 logs in, and that hsxfer is installed there (or name it with --remote-hsxfer PATH)",
+                 logs in, and that hsxfer is installed there (or name it with `SshLaunch::remote_hsxfer`)",
                 self.command.join(" ")
             )));
         };
@@ -195,7 +195,7 @@ mod tests {
         };
         let e = launch.start("host", ".").await.err().unwrap().to_string();
         assert!(
-            e.contains("status 127") && e.contains("--remote-hsxfer"),
+            e.contains("status 127") && e.contains("`SshLaunch::remote_hsxfer`"),
             "{e}"
         );
     }

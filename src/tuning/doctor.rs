@@ -412,7 +412,7 @@ fn buffers_at_typical_rtts(dir: Direction, l: &DirectionLimits, channels: u16) -
         ),
     )
     .detail(format!(
-        "{} Give --rate and --rtt to check them against a path.",
+        "{} Give `rate` and `rtt` to check them against a path.",
         limits_text(dir, l)
     ))
 }
@@ -687,7 +687,7 @@ fn qdisc_finding(dev: &str, q: &Qdisc) -> Finding {
             ),
         )
         .detail(format!(
-            "Pacing (hsxfer --pace, SO_MAX_PACING_RATE, BBR) then runs inside TCP, which works; \
+            "Pacing (hsxfer's `pace`, SO_MAX_PACING_RATE, BBR) then runs inside TCP, which works; \
              fq would do it in the qdisc with fewer timers. Not every kernel has fq \
              (CONFIG_NET_SCH_FQ); where it does: tc qdisc replace dev {dev} root fq (root)."
         )),

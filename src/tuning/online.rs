@@ -553,7 +553,7 @@ impl OnlineTuner {
             }
             if self.cfg.policy == Policy::Fast && self.cfg.bbr_usable {
                 why.push_str(
-                    "; switching to bbr (--policy fast), which does not back off on random loss",
+                    "; switching to bbr (`policy` fast), which does not back off on random loss",
                 );
                 for channel in 0..self.channels as usize {
                     actions.push(Action::SetCc {
