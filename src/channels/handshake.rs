@@ -179,21 +179,20 @@ impl ClientHandshake {
 
     /// Takes bytes from the server and returns how many it used (never more than
     /// [`ClientHandshake::wants`] at each step); the rest belongs to the next layer.
-    pub fn handle(&mut self, mut input: &[u8]) -> Result<usize, HandshakeError> {
-        let mut used = 0;
-        while self.wants() > 0 && !input.is_empty() {
-            let n = self.wants().min(input.len());
-            self.buf.extend_from_slice(&input[..n]);
-            input = &input[n..];
-            used += n;
-            if self.wants() == 0 {
-                self.step()?;
-            }
-        }
-        Ok(used)
+    pub fn handle(&mut self, input: &[u8]) -> Result<usize, HandshakeError> {
+        feed(self, input)
+    }
+}
+
+impl Stepped for ClientHandshake {
+    fn wants(&self) -> usize {
+        ClientHandshake::wants(self)
     }
 
-    /// Acts on a complete step in `buf`.
+    fn buf(&mut self) -> &mut Vec<u8> {
+        &mut self.buf
+    }
+
     fn step(&mut self) -> Result<(), HandshakeError> {
         let got = std::mem::take(&mut self.buf);
         self.step = match self.step {
@@ -332,30 +331,8 @@ impl ServerHandshake {
     }
 
     /// Takes bytes from the client and returns how many it used.
-    pub fn handle(&mut self, mut input: &[u8]) -> Result<usize, HandshakeError> {
-        let mut used = 0;
-        while self.wants() > 0 && !input.is_empty() {
-            let n = self.wants().min(input.len());
-            self.buf.extend_from_slice(&input[..n]);
-            input = &input[n..];
-            used += n;
-            if self.wants() > 0 {
-                continue;
-            }
-            let got = std::mem::take(&mut self.buf);
-            self.step = match self.step {
-                ServerStep::Tag => {
-                    let tag: [u8; 4] = got[..].try_into().expect("a tag");
-                    Hello::body_len(&tag).ok_or(HandshakeError::UnknownHello)?;
-                    ServerStep::Body(tag)
-                }
-                ServerStep::Body(tag) => ServerStep::Heard(
-                    Hello::decode(&tag, &got).ok_or(HandshakeError::UnknownHello)?,
-                ),
-                _ => unreachable!("wants() is 0 after the hello"),
-            };
-        }
-        Ok(used)
+    pub fn handle(&mut self, input: &[u8]) -> Result<usize, HandshakeError> {
+        feed(self, input)
     }
 
     /// What the client asked for, once its hello is complete and not yet answered.
@@ -424,6 +401,58 @@ impl ServerHandshake {
         self.out.extend_from_slice(bytes);
         self.step = ServerStep::Answered;
     }
+}
+
+impl Stepped for ServerHandshake {
+    fn wants(&self) -> usize {
+        ServerHandshake::wants(self)
+    }
+
+    fn buf(&mut self) -> &mut Vec<u8> {
+        &mut self.buf
+    }
+
+    fn step(&mut self) -> Result<(), HandshakeError> {
+        let got = std::mem::take(&mut self.buf);
+        self.step = match self.step {
+            ServerStep::Tag => {
+                let tag: [u8; 4] = got[..].try_into().expect("a tag");
+                Hello::body_len(&tag).ok_or(HandshakeError::UnknownHello)?;
+                ServerStep::Body(tag)
+            }
+            ServerStep::Body(tag) => {
+                ServerStep::Heard(Hello::decode(&tag, &got).ok_or(HandshakeError::UnknownHello)?)
+            }
+            _ => unreachable!("wants() is 0 after the hello"),
+        };
+        Ok(())
+    }
+}
+
+/// A machine that reads its peer in steps of known length.
+trait Stepped {
+    /// Bytes still missing from the current step.
+    fn wants(&self) -> usize;
+    /// Where the current step's bytes collect.
+    fn buf(&mut self) -> &mut Vec<u8>;
+    /// Acts on the complete step in the buffer.
+    fn step(&mut self) -> Result<(), HandshakeError>;
+}
+
+/// Feeds `input` to `m` step by step, never taking more than a step needs; returns how many
+/// bytes it used.
+fn feed<M: Stepped>(m: &mut M, mut input: &[u8]) -> Result<usize, HandshakeError> {
+    let mut used = 0;
+    while m.wants() > 0 && !input.is_empty() {
+        let n = m.wants().min(input.len());
+        m.buf().extend_from_slice(&input[..n]);
+        input = &input[n..];
+        used += n;
+        if m.wants() == 0 {
+            m.step()?;
+        }
+    }
+    Ok(used)
 }
 
 #[cfg(test)]

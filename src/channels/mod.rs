@@ -140,6 +140,41 @@ pub fn check_decoders(data: &[u8]) {
         assert!(recs.len() <= (data.len() - journal::HEADER_LEN) / journal::RECORD_LEN);
         assert_eq!(journal::parse(&hdr.encode()).map(|x| x.0), Some(hdr));
     }
+    check_handshakes(data);
+    check_opening(data);
+}
+
+/// The handshake machines of both sides take any bytes without a panic and never use more
+/// than their step asked for.
+#[cfg(any(test, feature = "testing"))]
+fn check_handshakes(data: &[u8]) {
+    let key = auth::TokenKey::from_token(b"fuzz");
+    let mut client = handshake::ClientHandshake::control(key.clone(), [1; 32]);
+    if let Ok(used) = client.handle(data) {
+        assert!(used <= data.len());
+    }
+    let mut server = handshake::ServerHandshake::new([2; 32]);
+    if let Ok(used) = server.handle(data) {
+        assert!(used <= data.len());
+        if server.heard() == Some(handshake::Heard::Control) {
+            let _ = server.accept_control(&key, [3; 16]);
+        }
+    }
+}
+
+/// The control-phase machines take any decodable message in any state without a panic.
+#[cfg(any(test, feature = "testing"))]
+fn check_opening(data: &[u8]) {
+    let Ok(Some((m, _))) = control::decode(data) else {
+        return;
+    };
+    let now = std::time::Instant::now();
+    let _ = opening::ServerOpening::new().on_message(m.clone());
+    let mut client = opening::ClientOpening::new();
+    let _ = client.on_message(m.clone(), now);
+    let mut pinging = opening::ClientOpening::new();
+    pinging.ping(now);
+    let _ = pinging.on_message(m, now);
 }
 
 #[cfg(test)]
