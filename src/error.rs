@@ -16,6 +16,23 @@ use crate::transport::route;
 
 /// Everything that can end a transfer or a server session. New kinds may be added, so a
 /// `match` needs a catch-all arm.
+///
+/// # Examples
+///
+/// Telling what the caller can act on from what it can only report:
+///
+/// ```no_run
+/// # async fn demo(client: hsxfer::Client, live: std::sync::Arc<hsxfer::LiveStats>) {
+/// use hsxfer::Error;
+///
+/// match client.push(&["dataset".into()], true, "incoming", &live).await {
+///     Ok(report) => println!("{} bytes, verified", report.bytes),
+///     Err(Error::AuthRefused(server)) => eprintln!("{server} wants another token"),
+///     Err(Error::Busy { .. } | Error::PeerVanished) => eprintln!("try again later: it resumes"),
+///     Err(e) => eprintln!("{e}"),
+/// }
+/// # }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

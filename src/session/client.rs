@@ -173,6 +173,34 @@ pub enum BenchAmount {
 }
 
 /// A client of one `hsxfer serve` instance.
+///
+/// # Examples
+///
+/// A server and a client in one program, on loopback: push a file, then pull it back.
+///
+/// ```
+/// # #[tokio::main] async fn main() -> hsxfer::Result<()> {
+/// use std::sync::Arc;
+/// use hsxfer::{Client, LiveStats, Server};
+///
+/// let (root, home) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+/// std::fs::write(home.path().join("results.h5"), vec![7u8; 1 << 20]).unwrap();
+///
+/// let server = Server::builder(root.path()).port(0).bind().await?;
+/// let port = server.local_addr().port();
+/// tokio::spawn(server.run());
+///
+/// let client = Client::builder("127.0.0.1").port(port).channels(2).build()?;
+/// let live = Arc::new(LiveStats::default());
+/// let pushed = client.push(&[home.path().join("results.h5")], false, "in.h5", &live).await?;
+/// assert!(pushed.verified && pushed.bytes == 1 << 20);
+///
+/// let back = home.path().join("back.h5");
+/// let dest = back.to_str().unwrap();
+/// let pulled = client.pull(&["in.h5".into()], false, dest, &Arc::new(LiveStats::default())).await?;
+/// assert_eq!(std::fs::read(back).unwrap(), vec![7u8; 1 << 20]);
+/// # let _ = pulled; Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Client {
     host: String,

@@ -13,6 +13,29 @@ use crate::metrics::{jain, loss_sync, SyncReport};
 /// Counters updated by the data channels while a transfer runs; a caller may poll them
 /// (e.g. for a progress display) from another task. Channels the online tuner adds during
 /// the transfer get counters as they open.
+///
+/// # Examples
+///
+/// A progress line from another task while a transfer runs:
+///
+/// ```
+/// use std::sync::Arc;
+/// use hsxfer::LiveStats;
+///
+/// let live = Arc::new(LiveStats::default());
+/// let watcher = live.clone();
+/// // ... hand `live` to Client::push, and poll `watcher` elsewhere:
+/// live.expect_more(4096);
+/// live.add(0, 1024);
+/// println!(
+///     "{} of {} bytes, {} files done, {:.1} s",
+///     watcher.total(),
+///     watcher.expected(),
+///     watcher.files_done(),
+///     watcher.elapsed()
+/// );
+/// assert_eq!(watcher.channel_bytes(), vec![1024]);
+/// ```
 #[derive(Debug)]
 pub struct LiveStats {
     channels: RwLock<Vec<AtomicU64>>,
@@ -172,6 +195,20 @@ pub struct TuningReport {
 }
 
 /// The result of a transfer, as printed in the `summary` JSON event.
+///
+/// # Examples
+///
+/// It is serde data: a pipeline can store it as the command prints it, and read it back.
+///
+/// ```
+/// use hsxfer::TransferReport;
+///
+/// let r = TransferReport { bytes: 1 << 30, seconds: 2.0, verified: true, ..Default::default() };
+/// let json = serde_json::to_string(&r).unwrap();
+/// let back: TransferReport = serde_json::from_str(&json).unwrap();
+/// assert_eq!(back.bytes, 1 << 30);
+/// assert!(back.verified);
+/// ```
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct TransferReport {
     /// `push`, `pull`, `bench-upload` or `bench-download`.
