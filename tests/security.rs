@@ -55,6 +55,7 @@ async fn no_auth_is_refused_off_loopback() {
         auth: Auth::NoAuth,
         faults: FaultInjection::default(),
         limits: Default::default(),
+        mptcp: false,
     })
     .await
     .err()

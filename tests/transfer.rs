@@ -288,3 +288,115 @@ async fn a_server_of_another_protocol_version_is_named_as_such() {
         "{msg}"
     );
 }
+
+/// A server started with MPTCP and a client asking for it: every data channel is an MPTCP
+/// connection (`MPTCP_INFO` answers on each), both ways, and the bytes arrive intact.
+#[tokio::test]
+async fn mptcp_channels_carry_a_push_and_a_pull() {
+    use hsxfer::transport::Transport;
+    let (root, home) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let data: Vec<u8> = (0..(9u32 << 20)).map(|i| (i % 251) as u8).collect();
+    fs::write(home.path().join("f"), &data).unwrap();
+    let server = hsxfer::Server::builder(root.path())
+        .port(0)
+        .mptcp(true)
+        .bind()
+        .await
+        .unwrap();
+    let port = server.local_addr().port();
+    tokio::spawn(server.run());
+    let client = hsxfer::Client::builder("127.0.0.1")
+        .port(port)
+        .channels(4)
+        .mptcp(true)
+        .build()
+        .unwrap();
+    let pushed = client
+        .push(&[home.path().join("f")], false, "f", &live(4))
+        .await
+        .unwrap();
+    assert_eq!(
+        pushed.transport,
+        Transport::Mptcp,
+        "{:?}",
+        pushed.tuning.notes
+    );
+    assert!(pushed.verified);
+    assert_eq!(fs::read(root.path().join("f")).unwrap(), data);
+    assert!(
+        pushed.tuning.notes.iter().any(|n| n.contains("unpaced")),
+        "{:?}",
+        pushed.tuning.notes
+    );
+    let back = home.path().join("back");
+    let pulled = client
+        .pull(&["f".into()], false, back.to_str().unwrap(), &live(4))
+        .await
+        .unwrap();
+    assert_eq!(pulled.transport, Transport::Mptcp);
+    assert_eq!(fs::read(back).unwrap(), data);
+}
+
+/// MPTCP asked of a server that listens for TCP only: the channels fall back, the copy
+/// completes, and a note says what happened. A TCP client of an MPTCP server is served as
+/// before.
+#[tokio::test]
+async fn mptcp_falls_back_to_tcp_either_way() {
+    use hsxfer::transport::Transport;
+    let (root, home) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    fs::write(home.path().join("f"), vec![5u8; 3 << 20]).unwrap();
+    for server_mptcp in [false, true] {
+        let server = hsxfer::Server::builder(root.path())
+            .port(0)
+            .mptcp(server_mptcp)
+            .bind()
+            .await
+            .unwrap();
+        let port = server.local_addr().port();
+        tokio::spawn(server.run());
+        let client = hsxfer::Client::builder("127.0.0.1")
+            .port(port)
+            .channels(2)
+            .mptcp(!server_mptcp)
+            .build()
+            .unwrap();
+        let dest = format!("f{server_mptcp}");
+        let r = client
+            .push(&[home.path().join("f")], false, &dest, &live(2))
+            .await
+            .unwrap();
+        assert_eq!(r.transport, Transport::Tcp);
+        assert!(r.verified);
+        let noted = r
+            .tuning
+            .notes
+            .iter()
+            .any(|n| n.contains("run as TCP, not MPTCP"));
+        assert_eq!(noted, !server_mptcp, "{:?}", r.tuning.notes);
+        assert_eq!(
+            fs::read(root.path().join(dest)).unwrap(),
+            vec![5u8; 3 << 20]
+        );
+    }
+}
+
+#[test]
+fn mptcp_refuses_what_it_cannot_do_yet() {
+    let mut o = hsxfer::TransferOptions {
+        mptcp: true,
+        cc: vec!["dmctcp".into()],
+        ..Default::default()
+    };
+    assert!(o
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("subflows of one connection"));
+    o.cc.clear();
+    o.pace = hsxfer::tuning::desync::PaceChoice::Fixed(1 << 20);
+    assert!(o
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("SO_MAX_PACING_RATE"));
+}

@@ -61,6 +61,7 @@ def _options(
     pace: Optional[int],
     tune: str,
     policy: str,
+    mptcp: bool,
 ) -> Dict[str, Any]:
     if isinstance(cc, str):
         cc = [cc]
@@ -74,6 +75,7 @@ def _options(
         "pace": pace,
         "tune": tune,
         "policy": policy,
+        "mptcp": mptcp,
     }
 
 
@@ -97,6 +99,7 @@ def copy(
     pace: Optional[int] = None,
     tune: str = "auto",
     policy: str = "fair",
+    mptcp: bool = False,
     progress: Optional[Progress] = None,
     interval: float = 0.5,
     _expect: Optional[str] = None,
@@ -111,7 +114,9 @@ def copy(
     ``token_file`` is the server's shared secret (``hsxfer token new``); without it the server
     must run ``--no-auth`` on loopback. ``cc`` names congestion controls, cycled over the
     channels; ``rate`` is the path's bottleneck in bits/s if known; ``pace`` caps each
-    channel, bits/s; ``policy`` is ``"fair"`` or ``"fast"`` (may choose BBR).
+    channel, bits/s; ``policy`` is ``"fair"`` or ``"fast"`` (may choose BBR). ``mptcp`` runs
+    the data channels as Multipath TCP connections (unpaced); they fall back to TCP, with a
+    warning, unless the server listens with MPTCP. The report's ``transport`` says which ran.
 
     ``tune`` is where the rest comes from, as with ``hsxfer copy --tune``: ``"auto"`` starts
     from the profile a probe or an earlier long copy saved for this server and direction, and
@@ -123,7 +128,7 @@ def copy(
     ``seconds``, ``goodput_bps``, ``verified``, ``files``, ``bytes_resumed``, ``channels``,
     ``tuning``, ...), see docs/json.md.
     """
-    options = _options(channels, port, token_file, block_size, cc, rate, pace, tune, policy)
+    options = _options(channels, port, token_file, block_size, cc, rate, pace, tune, policy, mptcp)
     report = _native.copy(
         _operands(sources, dest),
         options,
@@ -161,13 +166,14 @@ def bench(
     pace: Optional[int] = None,
     tune: str = "auto",
     policy: str = "fair",
+    mptcp: bool = False,
     progress: Optional[Progress] = None,
     interval: float = 0.5,
 ) -> Dict[str, Any]:
     """Memory to memory through the whole protocol, like ``hsxfer bench``: ``bytes`` or
     ``seconds`` (one of them; default 10 s) of generated data, ``direction`` ``"upload"`` or
     ``"download"``. Returns the report, as :func:`copy` does."""
-    options = _options(channels, port, token_file, block_size, cc, rate, pace, tune, policy)
+    options = _options(channels, port, token_file, block_size, cc, rate, pace, tune, policy, mptcp)
     if bytes is None and seconds is None:
         seconds = 10.0
     report = _native.bench(
@@ -219,7 +225,8 @@ class Server:
             ...
 
     ``port=0`` (the default) takes a free port. Without ``token_file`` it runs without
-    authentication, which is allowed only on a loopback address.
+    authentication, which is allowed only on a loopback address. ``mptcp=True`` listens with
+    Multipath TCP, so ``mptcp`` clients get MPTCP channels (TCP clients are served as before).
     """
 
     def __init__(
@@ -229,12 +236,14 @@ class Server:
         token_file: Optional[PathLike] = None,
         listen: str = "127.0.0.1",
         port: int = 0,
+        mptcp: bool = False,
     ) -> None:
         self._server = _native.Server(
             os.fspath(root),
             token_file=os.fspath(token_file) if token_file is not None else None,
             listen=listen,
             port=port,
+            mptcp=mptcp,
         )
 
     @property

@@ -40,7 +40,13 @@ def probe(
 
 class Server:
     def __init__(
-        self, root: str, *, token_file: Optional[str] = None, listen: str = "127.0.0.1", port: int = 0
+        self,
+        root: str,
+        *,
+        token_file: Optional[str] = None,
+        listen: str = "127.0.0.1",
+        port: int = 0,
+        mptcp: bool = False,
     ) -> None: ...
     @property
     def port(self) -> int: ...

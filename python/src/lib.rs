@@ -163,6 +163,7 @@ struct Options {
     pace: Option<u64>,
     tune: String,
     policy: String,
+    mptcp: bool,
 }
 
 /// A transfer's options, where the rest of its settings come from, and what the caller fixed
@@ -197,6 +198,7 @@ impl Options {
             rate: self.rate.map_or(PathRate::Unknown, PathRate::Given),
             pace: self.pace.map_or(d.pace, |bits| PaceChoice::Fixed(bits / 8)),
             policy: named("policy", &self.policy)?,
+            mptcp: self.mptcp,
             ..d
         };
         opts.validate().map_err(raise)?;
@@ -403,18 +405,19 @@ struct ServerHandle {
 impl ServerHandle {
     /// Binds `listen`:`port` (port 0: a free one) and starts serving `root`.
     #[new]
-    #[pyo3(signature = (root, *, token_file=None, listen="127.0.0.1", port=0))]
+    #[pyo3(signature = (root, *, token_file=None, listen="127.0.0.1", port=0, mptcp=false))]
     fn new(
         py: Python<'_>,
         root: PathBuf,
         token_file: Option<PathBuf>,
         listen: &str,
         port: u16,
+        mptcp: bool,
     ) -> PyResult<Self> {
         let ip: IpAddr = listen.parse().map_err(|_| {
             PyValueError::new_err(format!("listen address {listen:?} is not an IP address"))
         })?;
-        let mut builder = Server::builder(root).listen(ip).port(port);
+        let mut builder = Server::builder(root).listen(ip).port(port).mptcp(mptcp);
         if let Some(t) = token_file {
             builder = builder.token_file(t);
         }

@@ -236,3 +236,15 @@ def test_a_token_file_inside_the_root_is_refused(tmp_path):
     token = write_token(tmp_path / "token")
     with pytest.raises(ValueError, match="inside the served root"):
         hsxfer.Server(tmp_path, token_file=token)
+
+
+def test_mptcp_channels_when_both_ends_ask(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    src = tmp_path / "data.bin"
+    random_file(src, 3 << 20)
+    with hsxfer.Server(root, mptcp=True) as server:
+        r = hsxfer.push(src, "127.0.0.1:data.bin", port=server.port, channels=2, mptcp=True)
+    assert r["transport"] == "mptcp"
+    assert r["verified"]
+    assert digest(root / "data.bin") == digest(src)

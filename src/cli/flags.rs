@@ -13,6 +13,7 @@ const FLAGS: &[(&str, &str)] = &[
     ("`SshLaunch::remote_hsxfer`", "--remote-hsxfer PATH"),
     ("`token_file`", "--token-file FILE"),
     ("`no_auth`", "--no-auth"),
+    ("`mptcp`", "--mptcp"),
     ("`budget`", "--budget"),
     ("`policy`", "--policy"),
     ("`rate`", "--rate"),

@@ -160,6 +160,10 @@ struct ServeArgs {
     /// standard input closes.
     #[arg(long, conflicts_with_all = ["token_file", "no_auth"])]
     stdio: bool,
+    /// Listen with Multipath TCP, so `--mptcp` clients get MPTCP data channels (plain TCP
+    /// clients are served as before).
+    #[arg(long)]
+    mptcp: bool,
     #[command(flatten)]
     auth: AuthArgs,
     #[cfg(feature = "testing")]
@@ -216,6 +220,10 @@ struct TransferArgs {
     /// Write a per-channel time series (cwnd, ssthresh, RTT, state; every 10 ms) to FILE as CSV.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+    /// Run the data channels as Multipath TCP connections; each falls back to TCP, with a
+    /// note, when the server was not started with --mptcp. MPTCP channels run unpaced.
+    #[arg(long)]
+    mptcp: bool,
     /// Print NDJSON events (schema: docs/json.md) instead of human output.
     #[arg(long)]
     json: bool,
@@ -257,6 +265,7 @@ impl TransferArgs {
             stagger: self.stagger,
             pace: self.pace,
             interval: self.interval,
+            mptcp: self.mptcp,
             #[cfg(feature = "testing")]
             faults: self.faults.faults(),
         };
@@ -496,6 +505,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<bool> {
             sessions_per_address: a.max_sessions_per_address,
             ..ServerLimits::default()
         },
+        mptcp: a.mptcp,
     })
     .await?;
     tracing::info!("serving {} on {}", root.display(), server.local_addr());

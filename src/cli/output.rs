@@ -3,6 +3,7 @@
 //! `--trace` CSV time series, and a human summary.
 
 use super::flags::as_flags;
+use hsxfer::transport::Transport;
 use std::fs::File;
 use std::io::{BufWriter, IsTerminal, Write};
 use std::path::Path;
@@ -273,8 +274,12 @@ fn human_summary(r: &TransferReport) {
     } else {
         "NOT verified"
     };
+    let kind = match r.transport {
+        Transport::Tcp => "",
+        Transport::Mptcp => "MPTCP ",
+    };
     println!(
-        "{}: {} in {:.2} s = {} over {} channels, {} files ({} skipped, {} resumed), {check} (keyed BLAKE3 per block, on arrival and end to end)",
+        "{}: {} in {:.2} s = {} over {} {kind}channels, {} files ({} skipped, {} resumed), {check} (keyed BLAKE3 per block, on arrival and end to end)",
         r.operation,
         fmt_bytes(r.bytes),
         r.seconds,

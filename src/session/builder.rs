@@ -46,6 +46,12 @@ impl Client {
 }
 
 impl ClientBuilder {
+    /// Runs the data channels as Multipath TCP connections (see [`TransferOptions::mptcp`]).
+    pub fn mptcp(mut self, on: bool) -> Self {
+        self.opts.mptcp = on;
+        self
+    }
+
     /// Runs exactly `n` data channels (the tuner adds none).
     pub fn channels(mut self, n: u16) -> Self {
         self.opts.channels = n;
@@ -111,6 +117,7 @@ pub struct ServerBuilder {
     port: u16,
     token_file: Option<PathBuf>,
     limits: ServerLimits,
+    mptcp: bool,
 }
 
 impl Server {
@@ -139,6 +146,7 @@ impl Server {
             port: DEFAULT_PORT,
             token_file: None,
             limits: ServerLimits::default(),
+            mptcp: false,
         }
     }
 }
@@ -168,6 +176,12 @@ impl ServerBuilder {
         self
     }
 
+    /// Listens with Multipath TCP (plain TCP clients are still served).
+    pub fn mptcp(mut self, on: bool) -> Self {
+        self.mptcp = on;
+        self
+    }
+
     /// Reads the token file (refusing one inside the root), checks the configuration and
     /// binds the port.
     pub async fn bind(self) -> Result<Server> {
@@ -181,6 +195,7 @@ impl ServerBuilder {
             #[cfg(feature = "testing")]
             faults: Default::default(),
             limits: self.limits,
+            mptcp: self.mptcp,
         })
         .await
     }

@@ -35,7 +35,7 @@ use crate::fsio::root::Scope;
 use crate::fsio::source::SourceTree;
 use crate::transport::route;
 use crate::transport::tcp_info::tcp_info;
-use crate::transport::SocketOptions;
+use crate::transport::{mptcp, SocketOptions, Transport};
 use crate::tuning::bdp::{self, BufferChoice, BufferRequest};
 use crate::tuning::defaults;
 use crate::tuning::desync::{
@@ -102,6 +102,10 @@ pub struct TransferOptions {
     pub pace: PaceChoice,
     /// How often a sending server reports telemetry.
     pub interval: Duration,
+    /// Run the data channels as Multipath TCP connections (`IPPROTO_MPTCP`). Each falls back
+    /// to TCP by itself when the server does not listen with MPTCP; the report's
+    /// `transport` says which ran. MPTCP sockets cannot be paced yet, so pacing is off.
+    pub mptcp: bool,
     /// Deliberate damage, for tests of the integrity path (`testing` feature).
     #[cfg(feature = "testing")]
     pub faults: FaultInjection,
@@ -135,6 +139,7 @@ impl Default for TransferOptions {
             stagger: StaggerChoice::Auto,
             pace: PaceChoice::Auto,
             interval: Duration::from_secs(1),
+            mptcp: false,
             #[cfg(feature = "testing")]
             faults: FaultInjection::default(),
         }
@@ -158,6 +163,20 @@ impl TransferOptions {
                 limits::MIN_BLOCK,
                 limits::MAX_BLOCK
             )));
+        }
+        if self.mptcp && matches!(self.pace, PaceChoice::Fixed(_)) {
+            return Err(Error::Usage(
+                "`pace` caps cannot be set on MPTCP channels: the kernel refuses \
+                 SO_MAX_PACING_RATE on MPTCP sockets"
+                    .into(),
+            ));
+        }
+        if self.mptcp && self.cc.iter().any(|c| c == "dmctcp") {
+            return Err(Error::Usage(
+                "`cc` dmctcp over MPTCP needs the channels as subflows of one connection, which \
+                 hsxfer does not do yet: run dmctcp over TCP channels"
+                    .into(),
+            ));
         }
         Ok(())
     }
@@ -213,6 +232,8 @@ struct Opened {
     channels: Vec<TcpStream>,
     stagger: Vec<Duration>,
     tuning: TuningReport,
+    /// What the data channels run as.
+    transport: Transport,
     /// The online tuner, when this end sends and the transfer is tuned.
     tuner: Option<OnlineTuner>,
     /// How to connect channels that join later.
@@ -379,7 +400,7 @@ impl Client {
         if let Some(r) = side.sampler.stop() {
             live.telemetry.set_tuner(r);
         }
-        Ok(self.report(name, live, out?, start, o.tuning))
+        Ok(self.report(name, live, out?, start, o.tuning, o.transport))
     }
 
     async fn receive(
@@ -406,7 +427,7 @@ impl Client {
         }
         .run()
         .await?;
-        Ok(self.report(name, live, out, start, o.tuning))
+        Ok(self.report(name, live, out, start, o.tuning, o.transport))
     }
 
     fn report(
@@ -416,8 +437,33 @@ impl Client {
         out: SideOutcome,
         t: Instant,
         tuning: TuningReport,
+        transport: Transport,
     ) -> TransferReport {
-        TransferReport::new(name, live, out, self.opts.block_size, t.elapsed(), tuning)
+        TransferReport {
+            transport,
+            ..TransferReport::new(name, live, out, self.opts.block_size, t.elapsed(), tuning)
+        }
+    }
+
+    /// MPTCP when every data channel runs it; asked for but refused on some, a note says so.
+    fn transport_of(&self, channels: &[TcpStream], notes: &mut Vec<String>) -> Transport {
+        if !self.opts.mptcp {
+            return Transport::Tcp;
+        }
+        let tcp = channels
+            .iter()
+            .filter(|c| mptcp::subflows(*c).is_none())
+            .count();
+        if tcp == 0 {
+            return Transport::Mptcp;
+        }
+        notes.push(format!(
+            "client: {tcp} of {} channels run as TCP, not MPTCP: the server does not listen with \
+             MPTCP (`mptcp`), this host or the server's has it off (sysctl net.mptcp.enabled), \
+             or something on the path strips it",
+            channels.len()
+        ));
+        Transport::Tcp
     }
 
     async fn resolve(&self) -> Result<Vec<SocketAddr>> {
@@ -488,7 +534,18 @@ impl Client {
         } else {
             None
         };
-        let plan = Arc::new(local_plan(&tuning, side, n, "client", tuner.as_ref())?);
+        let mut plan = local_plan(&tuning, side, n, "client", tuner.as_ref())?;
+        plan.options
+            .iter_mut()
+            .for_each(|o| o.mptcp = self.opts.mptcp);
+        if self.opts.mptcp && self.opts.pace == PaceChoice::Auto {
+            plan.notes.push(
+                "client: MPTCP channels run unpaced (the kernel refuses SO_MAX_PACING_RATE on \
+                 MPTCP sockets)"
+                    .into(),
+            );
+        }
+        let plan = Arc::new(plan);
         let mut report = TuningReport {
             rtt_us: rtt.as_micros() as u64,
             rate_bps: rate,
@@ -529,6 +586,7 @@ impl Client {
         }
         channels.sort_by_key(|c| c.0);
         let channels: Vec<TcpStream> = channels.into_iter().map(|c| c.1).collect();
+        let transport = self.transport_of(&channels, &mut report.notes);
         if we_send {
             let enforced = channels
                 .iter()
@@ -563,6 +621,7 @@ impl Client {
             channels,
             stagger,
             tuning: report,
+            transport,
             tuner,
             connector,
         })
@@ -574,12 +633,20 @@ impl Client {
         (self.opts.tune == Tune::Online).then(|| OnlineTuning {
             max_channels: self.opts.max_channels.max(self.opts.channels),
             rate_bps: goodput,
-            pace: self.opts.pace == PaceChoice::Auto,
-            meter: self.opts.stagger == StaggerChoice::Auto,
+            pace: self.pace() == PaceChoice::Auto,
+            meter: self.pace() == PaceChoice::Auto && self.opts.stagger == StaggerChoice::Auto,
             // A congestion control the user chose meters the path itself.
             meter_cc: self.opts.cc.is_empty().then(|| METER_CC.to_string()),
             policy: self.opts.policy,
         })
+    }
+
+    /// The pacing asked for: none on MPTCP channels, which cannot be paced yet.
+    fn pace(&self) -> PaceChoice {
+        match self.opts.mptcp {
+            true => PaceChoice::Off,
+            false => self.opts.pace,
+        }
     }
 
     /// The transport settings of the request, for a path RTT and rate (buffers are sized to
@@ -595,7 +662,7 @@ impl Client {
         Tuning {
             cc: self.opts.cc.clone(),
             buffer: bdp::request(self.opts.buffer, rate, rtt, n),
-            pace: pacing_caps(self.opts.pace, n, goodput),
+            pace: pacing_caps(self.pace(), n, goodput),
             stagger_us: vec![0; n as usize],
             rtt_us: rtt.as_micros() as u64,
             interval_ms: self.opts.interval.as_millis().clamp(10, u32::MAX as u128) as u32,

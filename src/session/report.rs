@@ -1,5 +1,6 @@
 //! Live counters during a transfer and the final report.
 
+use crate::transport::Transport;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 use std::time::Instant;
@@ -233,6 +234,9 @@ pub struct TransferReport {
     pub blocks_resent: u64,
     /// Block size in bytes.
     pub block_size: u32,
+    /// What the data channels ran as: `tcp`, or `mptcp` when every one of them was a
+    /// Multipath TCP connection.
+    pub transport: Transport,
     /// Path and transport settings.
     pub tuning: TuningReport,
     /// Segments retransmitted over all channels.
@@ -295,6 +299,7 @@ impl TransferReport {
             bytes_resumed: out.bytes_resumed,
             blocks_resent: out.blocks_resent,
             block_size,
+            transport: Transport::Tcp,
             tuning,
             retransmits: latest
                 .iter()

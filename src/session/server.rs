@@ -56,6 +56,9 @@ pub struct ServerConfig {
     /// How many connections and sessions it holds at once, and how long a peer may take to
     /// authenticate and to ask.
     pub limits: ServerLimits,
+    /// Listen with Multipath TCP, so MPTCP clients get MPTCP channels (plain TCP clients are
+    /// served as before).
+    pub mptcp: bool,
 }
 
 impl ServerConfig {
@@ -143,7 +146,7 @@ impl Server {
         }
         let scope = Scope::confined(&cfg.root)
             .map_err(Error::io(format!("server root {}", cfg.root.display())))?;
-        let listener = transport::listen(cfg.listen)
+        let listener = transport::listen(cfg.listen, cfg.mptcp)
             .map_err(Error::io(format!("listening on {}", cfg.listen)))?;
         Ok(Server {
             listener,

@@ -192,6 +192,8 @@ pub fn local_plan(
                 .clone()
                 .filter(|_| side == Side::Send && t.cc_of(i) == Some("dmctcp"))
                 .map(|g| Tag(g)),
+            // The client's choice, set by the client: a server only accepts.
+            mptcp: false,
         })
         .collect();
     Ok(LocalPlan {

@@ -169,7 +169,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_connected_socket_is_made_to_run_the_algorithm_asked_for() {
-        let l = crate::transport::listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let l = crate::transport::listen("127.0.0.1:0".parse().unwrap(), false).unwrap();
         let addr = l.local_addr().unwrap();
         let (c, s) = tokio::join!(tokio::net::TcpStream::connect(addr), l.accept());
         let (c, _s) = (c.unwrap(), s.unwrap());

@@ -3,8 +3,20 @@
 
 pub mod buffers;
 pub mod cc;
+pub mod mptcp;
 pub mod route;
 pub mod tcp;
 pub mod tcp_info;
 
 pub use tcp::{connect, keep_alive, listen, set_max_pacing_rate, SocketOptions};
+
+/// What a transfer's data channels run as.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    /// Plain TCP connections (also MPTCP ones that fell back to TCP).
+    #[default]
+    Tcp,
+    /// Multipath TCP connections.
+    Mptcp,
+}

@@ -52,6 +52,9 @@ pub struct SocketOptions {
     pub notsent_lowat: Option<u32>,
     /// A tag to put on the socket before its congestion control starts (its DMCTCP group).
     pub tag: Option<Tag>,
+    /// Connect with Multipath TCP (`IPPROTO_MPTCP`); the connection falls back to TCP by
+    /// itself when the server does not speak it, and a host without MPTCP gets a TCP socket.
+    pub mptcp: bool,
 }
 
 impl SocketOptions {
@@ -82,9 +85,14 @@ impl SocketOptions {
     }
 }
 
-/// Opens a listening socket on `addr` with `SO_REUSEADDR`, dual-stack for `[::]`.
-pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
-    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+/// Opens a listening socket on `addr` with `SO_REUSEADDR`, dual-stack for `[::]`. With
+/// `mptcp` it listens with Multipath TCP, which accepts plain TCP clients as well.
+pub fn listen(addr: SocketAddr, mptcp: bool) -> io::Result<TcpListener> {
+    let sock = Socket::new(
+        Domain::for_address(addr),
+        Type::STREAM,
+        Some(protocol(mptcp)),
+    )?;
     sock.set_reuse_address(true)?;
     if addr.is_ipv6() {
         sock.set_only_v6(false)?;
@@ -97,13 +105,25 @@ pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
 
 /// Connects to `addr` with `opts` and [`keep_alive`] applied before the SYN.
 pub async fn connect(addr: SocketAddr, opts: &SocketOptions) -> io::Result<TcpStream> {
-    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    let domain = Domain::for_address(addr);
+    let sock = match Socket::new(domain, Type::STREAM, Some(protocol(opts.mptcp))) {
+        // A host with MPTCP turned off: the connection runs as TCP, as a fallback would.
+        Err(_) if opts.mptcp => Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?,
+        s => s?,
+    };
     sock.set_nonblocking(true)?;
     sock.set_nodelay(opts.nodelay)?;
     opts.apply(&sock)?;
     keep_alive(&sock)?;
     let sock = TcpSocket::from_std_stream(std::net::TcpStream::from(sock));
     sock.connect(addr).await
+}
+
+fn protocol(mptcp: bool) -> Protocol {
+    match mptcp {
+        true => Protocol::MPTCP,
+        false => Protocol::TCP,
+    }
 }
 
 /// A connection idle this long is probed (`TCP_KEEPIDLE`)...
@@ -126,7 +146,11 @@ pub fn keep_alive(sock: &impl AsFd) -> io::Result<()> {
         .with_interval(KEEPALIVE_INTERVAL)
         .with_retries(KEEPALIVE_PROBES);
     sock.set_tcp_keepalive(&probes)?;
-    sock.set_tcp_user_timeout(Some(USER_TIMEOUT))
+    match sock.set_tcp_user_timeout(Some(USER_TIMEOUT)) {
+        // MPTCP sockets do not take it; their keepalive probes still end a vanished peer.
+        Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => Ok(()),
+        other => other,
+    }
 }
 
 /// Unsent bytes a sending data socket holds before it stops taking more: a channel that
@@ -189,7 +213,7 @@ mod tests {
 
     #[tokio::test]
     async fn connects_with_options_on_loopback() {
-        let l = listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let l = listen("127.0.0.1:0".parse().unwrap(), false).unwrap();
         let addr = l.local_addr().unwrap();
         let opts = SocketOptions {
             nodelay: true,

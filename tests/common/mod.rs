@@ -46,6 +46,7 @@ pub async fn server_with(
         auth,
         faults,
         limits,
+        mptcp: false,
     })
     .await
     .expect("server binds");
