@@ -349,13 +349,28 @@ fn human_summary(r: &TransferReport) {
 
 /// Prints an error: an `error` event with `--json`, and always a line on stderr.
 pub fn error(mode: Mode, e: &anyhow::Error) {
-    let message = as_flags(&format!("{e:#}"));
+    let message = as_flags(&one_line(e));
     if mode == Mode::Json {
         emit(&Event::Error {
             message: message.clone(),
         });
     }
     eprintln!("hsxfer: error: {}", printable(&message));
+}
+
+/// The error and its causes on one line. The library's errors already name their cause
+/// ("listening on ...: Address already in use"), so a cause whose text is there already is
+/// not repeated.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = e.to_string();
+    for cause in e.chain().skip(1) {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+    }
+    line
 }
 
 /// Text a peer may have chosen (an abort message, a note, a file name), made safe for a
@@ -373,6 +388,18 @@ fn printable(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_error_names_each_cause_once() {
+        let io = std::io::Error::from_raw_os_error(libc::EADDRINUSE);
+        let e = anyhow::Error::new(hsxfer::Error::io("listening on 127.0.0.1:7420")(io));
+        assert_eq!(
+            one_line(&e),
+            "listening on 127.0.0.1:7420: Address already in use (os error 98)"
+        );
+        let e = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(one_line(&e), "outer: inner");
+    }
 
     #[test]
     fn peer_text_cannot_drive_the_terminal() {
