@@ -289,16 +289,23 @@ async fn a_server_of_another_protocol_version_is_named_as_such() {
     );
 }
 
-/// A server started with MPTCP and a client asking for it: every data channel is an MPTCP
-/// connection (`MPTCP_INFO` answers on each), both ways, and the bytes arrive intact.
+/// A server started with MPTCP and a client asking for it, both as root: the data runs over
+/// one MPTCP connection whose 4 subflows (`-n 4`) joined through the ports the server
+/// announced (`MPTCP_INFO`), both ways, and the bytes arrive intact.
 #[tokio::test]
-async fn mptcp_channels_carry_a_push_and_a_pull() {
+async fn mptcp_subflows_carry_a_push_and_a_pull() {
     use hsxfer::transport::Transport;
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the path manager needs root"
+    );
     let (root, home) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let data: Vec<u8> = (0..(9u32 << 20)).map(|i| (i % 251) as u8).collect();
     fs::write(home.path().join("f"), &data).unwrap();
     let server = hsxfer::Server::builder(root.path())
-        .port(0)
+        .port(free_port_block(
+            1 + hsxfer::transport::mptcp::MAX_EXTRA_SUBFLOWS,
+        ))
         .mptcp(true)
         .bind()
         .await
@@ -321,6 +328,7 @@ async fn mptcp_channels_carry_a_push_and_a_pull() {
         "{:?}",
         pushed.tuning.notes
     );
+    assert_eq!(pushed.subflows, Some(4), "{:?}", pushed.tuning.notes);
     assert!(pushed.verified);
     assert_eq!(fs::read(root.path().join("f")).unwrap(), data);
     assert!(
@@ -334,7 +342,16 @@ async fn mptcp_channels_carry_a_push_and_a_pull() {
         .await
         .unwrap();
     assert_eq!(pulled.transport, Transport::Mptcp);
+    assert_eq!(pulled.subflows, Some(4));
     assert_eq!(fs::read(back).unwrap(), data);
+}
+
+/// A loopback port from which `n` ports in a row are free.
+fn free_port_block(n: u16) -> u16 {
+    (20_000u16..60_000)
+        .step_by(97)
+        .find(|&p| (p..p + n).all(|q| std::net::TcpListener::bind(("127.0.0.1", q)).is_ok()))
+        .expect("a free block of ports")
 }
 
 /// MPTCP asked of a server that listens for TCP only: the channels fall back, the copy
@@ -366,6 +383,7 @@ async fn mptcp_falls_back_to_tcp_either_way() {
             .await
             .unwrap();
         assert_eq!(r.transport, Transport::Tcp);
+        assert_eq!(r.subflows, None);
         assert!(r.verified);
         let noted = r
             .tuning
@@ -391,7 +409,7 @@ fn mptcp_refuses_what_it_cannot_do_yet() {
         .validate()
         .unwrap_err()
         .to_string()
-        .contains("subflows of one connection"));
+        .contains("dmctcp over MPTCP is not supported yet"));
     o.cc.clear();
     o.pace = hsxfer::tuning::desync::PaceChoice::Fixed(1 << 20);
     assert!(o

@@ -114,9 +114,10 @@ def copy(
     ``token_file`` is the server's shared secret (``hsxfer token new``); without it the server
     must run ``--no-auth`` on loopback. ``cc`` names congestion controls, cycled over the
     channels; ``rate`` is the path's bottleneck in bits/s if known; ``pace`` caps each
-    channel, bits/s; ``policy`` is ``"fair"`` or ``"fast"`` (may choose BBR). ``mptcp`` runs
-    the data channels as Multipath TCP connections (unpaced); they fall back to TCP, with a
-    warning, unless the server listens with MPTCP. The report's ``transport`` says which ran.
+    channel, bits/s; ``policy`` is ``"fair"`` or ``"fast"`` (may choose BBR). ``mptcp`` moves
+    the data over one Multipath TCP connection with ``channels`` subflows (unpaced); it falls
+    back to TCP, with a warning, unless the server listens with MPTCP. The report's
+    ``transport`` and ``subflows`` say what ran.
 
     ``tune`` is where the rest comes from, as with ``hsxfer copy --tune``: ``"auto"`` starts
     from the profile a probe or an earlier long copy saved for this server and direction, and

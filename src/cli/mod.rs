@@ -160,8 +160,9 @@ struct ServeArgs {
     /// standard input closes.
     #[arg(long, conflicts_with_all = ["token_file", "no_auth"])]
     stdio: bool,
-    /// Listen with Multipath TCP, so `--mptcp` clients get MPTCP data channels (plain TCP
-    /// clients are served as before).
+    /// Listen with Multipath TCP, so `--mptcp` clients move data over MPTCP (plain TCP clients
+    /// are served as before). As root, with a specific --listen address, the 8 ports after
+    /// --port are announced to clients for extra subflows (removed again at exit).
     #[arg(long)]
     mptcp: bool,
     #[command(flatten)]
@@ -220,8 +221,9 @@ struct TransferArgs {
     /// Write a per-channel time series (cwnd, ssthresh, RTT, state; every 10 ms) to FILE as CSV.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
-    /// Run the data channels as Multipath TCP connections; each falls back to TCP, with a
-    /// note, when the server was not started with --mptcp. MPTCP channels run unpaced.
+    /// Move the data over one Multipath TCP connection with -n subflows (as root, the path
+    /// manager's limits are raised for it); it falls back to TCP, with a warning, when the
+    /// server was not started with --mptcp. MPTCP runs unpaced.
     #[arg(long)]
     mptcp: bool,
     /// Print NDJSON events (schema: docs/json.md) instead of human output.

@@ -33,9 +33,11 @@ use crate::error::{Error, Result};
 use crate::fsio::dest::Destination;
 use crate::fsio::root::Scope;
 use crate::fsio::source::SourceTree;
+use crate::transport::cc::privileged;
+use crate::transport::mptcp::{self, Limits, LimitsSet, MAX_EXTRA_SUBFLOWS};
 use crate::transport::route;
 use crate::transport::tcp_info::tcp_info;
-use crate::transport::{mptcp, SocketOptions, Transport};
+use crate::transport::{SocketOptions, Transport};
 use crate::tuning::bdp::{self, BufferChoice, BufferRequest};
 use crate::tuning::defaults;
 use crate::tuning::desync::{
@@ -102,9 +104,12 @@ pub struct TransferOptions {
     pub pace: PaceChoice,
     /// How often a sending server reports telemetry.
     pub interval: Duration,
-    /// Run the data channels as Multipath TCP connections (`IPPROTO_MPTCP`). Each falls back
-    /// to TCP by itself when the server does not listen with MPTCP; the report's
-    /// `transport` says which ran. MPTCP sockets cannot be paced yet, so pacing is off.
+    /// Move the data over one Multipath TCP connection (`IPPROTO_MPTCP`) whose subflows are
+    /// the channels: `channels` subflows when the server announces subflow ports and the
+    /// path manager's limits allow them (raised for the transfer when run as root). It falls
+    /// back to TCP by itself when the server does not listen with MPTCP; the report's
+    /// `transport` and `subflows` say what ran. MPTCP sockets cannot be paced yet, so
+    /// pacing is off.
     pub mptcp: bool,
     /// Deliberate damage, for tests of the integrity path (`testing` feature).
     #[cfg(feature = "testing")]
@@ -173,8 +178,8 @@ impl TransferOptions {
         }
         if self.mptcp && self.cc.iter().any(|c| c == "dmctcp") {
             return Err(Error::Usage(
-                "`cc` dmctcp over MPTCP needs the channels as subflows of one connection, which \
-                 hsxfer does not do yet: run dmctcp over TCP channels"
+                "`cc` dmctcp over MPTCP is not supported yet: the group its subflows would form \
+                 in the kernel is neither read back nor tested; run dmctcp over TCP channels"
                     .into(),
             ));
         }
@@ -234,6 +239,10 @@ struct Opened {
     tuning: TuningReport,
     /// What the data channels run as.
     transport: Transport,
+    /// Subflows of the MPTCP connection once they had joined.
+    subflows: Option<u16>,
+    /// The path manager's limits, set for this transfer's subflows and put back after it.
+    _limits: Option<LimitsSet>,
     /// The online tuner, when this end sends and the transfer is tuned.
     tuner: Option<OnlineTuner>,
     /// How to connect channels that join later.
@@ -400,7 +409,7 @@ impl Client {
         if let Some(r) = side.sampler.stop() {
             live.telemetry.set_tuner(r);
         }
-        Ok(self.report(name, live, out?, start, o.tuning, o.transport))
+        Ok(self.report(name, live, out?, start, o.tuning, (o.transport, o.subflows)))
     }
 
     async fn receive(
@@ -427,7 +436,7 @@ impl Client {
         }
         .run()
         .await?;
-        Ok(self.report(name, live, out, start, o.tuning, o.transport))
+        Ok(self.report(name, live, out, start, o.tuning, (o.transport, o.subflows)))
     }
 
     fn report(
@@ -437,12 +446,51 @@ impl Client {
         out: SideOutcome,
         t: Instant,
         tuning: TuningReport,
-        transport: Transport,
+        (transport, subflows): (Transport, Option<u16>),
     ) -> TransferReport {
         TransferReport {
             transport,
+            subflows,
             ..TransferReport::new(name, live, out, self.opts.block_size, t.elapsed(), tuning)
         }
+    }
+
+    /// Data connections to open: with MPTCP one, whose subflows are the channels.
+    fn connections(&self) -> u16 {
+        match self.opts.mptcp {
+            true => 1,
+            false => self.opts.channels,
+        }
+    }
+
+    /// With MPTCP, raises the path manager's limits so that the connection takes up the
+    /// server's announced ports as `channels - 1` extra subflows (root: the limits are the
+    /// host's); otherwise says when the host's limits allow fewer.
+    fn subflow_limits(&self, notes: &mut Vec<String>) -> Option<LimitsSet> {
+        let extra = self.opts.channels.saturating_sub(1).min(MAX_EXTRA_SUBFLOWS) as u32;
+        if !self.opts.mptcp || extra == 0 {
+            return None;
+        }
+        let want = Limits {
+            subflows: extra,
+            add_addr_accepted: extra,
+        };
+        if privileged() {
+            match LimitsSet::to(want) {
+                Ok(set) => return Some(set),
+                Err(e) => notes.push(format!("client: MPTCP subflow limits not set: {e}")),
+            }
+        } else if let Ok(now) = Limits::read() {
+            if now.subflows.min(now.add_addr_accepted) < extra {
+                notes.push(format!(
+                    "client: this host's MPTCP limits allow {} extra subflows, not the {extra} \
+                     asked for (setting them needs root: ip mptcp limits set subflows {extra} \
+                     add_addr_accepted {extra})",
+                    now.subflows.min(now.add_addr_accepted)
+                ));
+            }
+        }
+        None
     }
 
     /// MPTCP when every data channel runs it; asked for but refused on some, a note says so.
@@ -487,7 +535,9 @@ impl Client {
     /// request and joins the data channels with their settings applied.
     async fn open(&self, op: Operation, we_send: bool, live: &LiveStats) -> Result<Opened> {
         self.opts.validate()?;
-        let n = self.opts.channels;
+        let n = self.connections();
+        let mut mptcp_notes = Vec::new();
+        let limits = self.subflow_limits(&mut mptcp_notes);
         let side = if we_send { Side::Send } else { Side::Receive };
         if we_send {
             let mut t = self.tuning_request(Duration::ZERO, None, None, false);
@@ -587,6 +637,11 @@ impl Client {
         channels.sort_by_key(|c| c.0);
         let channels: Vec<TcpStream> = channels.into_iter().map(|c| c.1).collect();
         let transport = self.transport_of(&channels, &mut report.notes);
+        report.notes.extend(mptcp_notes);
+        let subflows = match transport {
+            Transport::Mptcp => Some(wait_for_subflows(&channels, self.opts.channels, rtt).await),
+            Transport::Tcp => None,
+        };
         if we_send {
             let enforced = channels
                 .iter()
@@ -622,6 +677,8 @@ impl Client {
             stagger,
             tuning: report,
             transport,
+            subflows,
+            _limits: limits,
             tuner,
             connector,
         })
@@ -631,7 +688,10 @@ impl Client {
     /// [`Tune::Off`].
     fn online_request(&self, goodput: Option<u64>) -> Option<OnlineTuning> {
         (self.opts.tune == Tune::Online).then(|| OnlineTuning {
-            max_channels: self.opts.max_channels.max(self.opts.channels),
+            max_channels: match self.opts.mptcp {
+                true => 1,
+                false => self.opts.max_channels.max(self.opts.channels),
+            },
             rate_bps: goodput,
             pace: self.pace() == PaceChoice::Auto,
             meter: self.pace() == PaceChoice::Auto && self.opts.stagger == StaggerChoice::Auto,
@@ -658,7 +718,7 @@ impl Client {
         goodput: Option<u64>,
         trace: bool,
     ) -> Tuning {
-        let n = self.opts.channels;
+        let n = self.connections();
         Tuning {
             cc: self.opts.cc.clone(),
             buffer: bdp::request(self.opts.buffer, rate, rtt, n),
@@ -713,6 +773,19 @@ async fn measure_rtt(
         }
     }
     Ok(best)
+}
+
+/// Waits for the MPTCP connection's extra subflows to join (they follow the server's
+/// announcements within a few round trips) and returns how many subflows it has: `want`, or
+/// as many as joined within 4 RTTs (at least 200 ms, at most 2 s).
+async fn wait_for_subflows(channels: &[TcpStream], want: u16, rtt: Duration) -> u16 {
+    let count = || channels.iter().filter_map(mptcp::subflows).sum::<u16>();
+    let until =
+        Instant::now() + (rtt * 4).clamp(Duration::from_millis(200), Duration::from_secs(2));
+    while count() < want && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    count()
 }
 
 /// Says in words what a buffer request means.

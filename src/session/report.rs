@@ -237,6 +237,9 @@ pub struct TransferReport {
     /// What the data channels ran as: `tcp`, or `mptcp` when every one of them was a
     /// Multipath TCP connection.
     pub transport: Transport,
+    /// With MPTCP, the subflows of the data connection once they had joined: one per
+    /// channel asked for, when both ends' path managers allowed them.
+    pub subflows: Option<u16>,
     /// Path and transport settings.
     pub tuning: TuningReport,
     /// Segments retransmitted over all channels.
@@ -300,6 +303,7 @@ impl TransferReport {
             blocks_resent: out.blocks_resent,
             block_size,
             transport: Transport::Tcp,
+            subflows: None,
             tuning,
             retransmits: latest
                 .iter()

@@ -35,6 +35,7 @@ use crate::fsio::dest::Destination;
 use crate::fsio::root::Scope;
 use crate::fsio::source::SourceTree;
 use crate::session::client::bench_limit;
+use crate::transport::mptcp::{SignalEndpoints, MAX_EXTRA_SUBFLOWS};
 use crate::transport::{self, SocketOptions};
 
 /// How long a server waits for all data channels of a session to join.
@@ -132,6 +133,8 @@ impl Drop for TransferSession<'_> {
 pub struct Server {
     listener: TcpListener,
     state: Arc<State>,
+    /// Extra ports the path manager announces to MPTCP clients; removed with the server.
+    _subflow_ports: Option<SignalEndpoints>,
 }
 
 impl Server {
@@ -148,8 +151,17 @@ impl Server {
             .map_err(Error::io(format!("server root {}", cfg.root.display())))?;
         let listener = transport::listen(cfg.listen, cfg.mptcp)
             .map_err(Error::io(format!("listening on {}", cfg.listen)))?;
+        let subflow_ports = match cfg.mptcp {
+            true => subflow_ports(
+                listener
+                    .local_addr()
+                    .map_err(Error::io("the bound address"))?,
+            ),
+            false => None,
+        };
         Ok(Server {
             listener,
+            _subflow_ports: subflow_ports,
             state: Arc::new(State {
                 scope,
                 key: cfg.auth.key(),
@@ -209,6 +221,29 @@ impl Server {
             });
         }
     }
+}
+
+/// Announces the ports after the server's own to MPTCP clients, so that each of their
+/// connections can open up to [`MAX_EXTRA_SUBFLOWS`] more subflows. That needs root and a
+/// specific listen address; without them clients get one subflow per connection.
+fn subflow_ports(addr: SocketAddr) -> Option<SignalEndpoints> {
+    let why = match (transport::cc::privileged(), addr.ip().is_unspecified()) {
+        (false, _) => "announcing subflow ports to the MPTCP path manager needs root".to_string(),
+        (true, true) => "give a specific listen address to announce subflow ports".to_string(),
+        (true, false) => match SignalEndpoints::add(addr.ip(), addr.port(), MAX_EXTRA_SUBFLOWS) {
+            Ok(e) => {
+                tracing::info!(
+                    "MPTCP clients may open subflows to ports {}-{} as well",
+                    addr.port() as u32 + 1,
+                    addr.port() as u32 + MAX_EXTRA_SUBFLOWS as u32
+                );
+                return Some(e);
+            }
+            Err(e) => e.to_string(),
+        },
+    };
+    tracing::warn!("MPTCP clients get one subflow per connection: {why}");
+    None
 }
 
 /// Serves one accepted connection: authenticates it within the handshake timeout (while
