@@ -477,6 +477,21 @@ async fn run(cmd: Command) -> anyhow::Result<bool> {
     }
 }
 
+/// SIGINT or SIGTERM (what a service manager sends): the server then stops through its
+/// destructors, which remove what it set up in the kernel (MPTCP subflow ports).
+async fn stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        },
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
 async fn serve(a: ServeArgs) -> anyhow::Result<bool> {
     let root = a.root.clone().unwrap_or_else(|| PathBuf::from("."));
     let (auth, announce) = if a.stdio {
@@ -514,7 +529,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<bool> {
     let Some(token) = announce else {
         tokio::select! {
             r = async { if a.once { server.run_once().await } else { server.run().await } } => r?,
-            _ = tokio::signal::ctrl_c() => tracing::info!("interrupted, stopping"),
+            _ = stop_signal() => tracing::info!("interrupted, stopping"),
         }
         return Ok(true);
     };
@@ -536,7 +551,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<bool> {
     tokio::select! {
         r = server.run_once() => r?,
         _ = closed => tracing::info!("the ssh channel closed, stopping"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted, stopping"),
+        _ = stop_signal() => tracing::info!("interrupted, stopping"),
     }
     Ok(true)
 }

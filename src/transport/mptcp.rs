@@ -149,18 +149,12 @@ impl SignalEndpoints {
                 return Err(io::Error::other(format!("no port {p} after {port}")));
             }
             let p = p.to_string();
-            ip(&["endpoint", "add", &a, "port", &p, "signal"])?;
-            // `ip mptcp endpoint show` lists "ADDR port P id N signal".
-            let shown = ip(&["endpoint", "show"])?;
-            let id = shown.lines().find_map(|line| {
-                let w: Vec<&str> = line.split_whitespace().collect();
-                let ours = w.first() == Some(&a.as_str()) && w.get(2) == Some(&p.as_str());
-                let at = w.iter().position(|x| *x == "id")?;
-                ours.then(|| w.get(at + 1).map(|id| id.to_string()))
-                    .flatten()
-            });
-            let id =
-                id.ok_or_else(|| io::Error::other(format!("endpoint {a} port {p} not listed")))?;
+            // One left by a server that was killed is taken over.
+            if endpoint_id(&a, &p)?.is_none() {
+                ip(&["endpoint", "add", &a, "port", &p, "signal"])?;
+            }
+            let id = endpoint_id(&a, &p)?
+                .ok_or_else(|| io::Error::other(format!("endpoint {a} port {p} not listed")))?;
             added.ids.push(id);
         }
         Ok(added)
@@ -173,6 +167,19 @@ impl Drop for SignalEndpoints {
             let _ = ip(&["endpoint", "delete", "id", id]);
         }
     }
+}
+
+/// The id of the endpoint on `addr` and `port`, if there is one (`ip mptcp endpoint show`
+/// lists "ADDR port P id N signal").
+fn endpoint_id(addr: &str, port: &str) -> io::Result<Option<String>> {
+    let shown = ip(&["endpoint", "show"])?;
+    Ok(shown.lines().find_map(|line| {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let ours = w.first() == Some(&addr) && w.get(1) == Some(&"port") && w.get(2) == Some(&port);
+        let at = w.iter().position(|x| *x == "id")?;
+        ours.then(|| w.get(at + 1).map(|id| id.to_string()))
+            .flatten()
+    }))
 }
 
 /// Runs `ip mptcp ARGS` and returns its output; a failure carries its stderr.
