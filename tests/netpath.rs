@@ -27,13 +27,18 @@ struct Path {
 }
 
 fn path(rate_mbit: u32, queue: u32) -> Path {
+    path_with(rate_mbit, queue, &[])
+}
+
+/// A path whose server runs `hsxfer serve ... SERVE_ARGS`.
+fn path_with(rate_mbit: u32, queue: u32, serve_args: &[&str]) -> Path {
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
     hsxfer::session::token::new(&token).unwrap();
     let root = dir.path().join("root");
     std::fs::create_dir(&root).unwrap();
     let net = Dumbbell::up(rate_mbit, queue);
-    let server = net.serve(&root, &token, PORT);
+    let server = net.serve_with(&root, &token, PORT, serve_args);
     Path {
         net,
         _server: server,
@@ -465,4 +470,48 @@ fn losses_at_a_small_queue_are_seen_and_measured() {
     assert!((0.0..=1.0).contains(&g));
     let jain = s["fairness_jain"].as_f64().unwrap();
     assert!(jain > 0.25 && jain <= 1.0 + 1e-9);
+}
+
+/// MPTCP on one path, both ends root: the server announces its subflow ports, and
+/// `bench --mptcp -n 4` runs one MPTCP connection whose 4 subflows each carry data (`ss`
+/// on the sender counts the TCP sockets that moved over a megabyte); the summary says so.
+#[test]
+fn mptcp_subflows_each_carry_data() {
+    if !root_or_skip("mptcp_subflows_each_carry_data") {
+        return;
+    }
+    let _g = lock();
+    let p = path_with(200, 100, &["--mptcp"]);
+    let (events, ss) = p.bench_with_ss(
+        &["--mptcp", "-n", "4", "--time", "4"],
+        "s",
+        &["-tniH", "dst", RECEIVER],
+        Duration::from_secs(3),
+    );
+    let s = summary(&events);
+    assert_eq!(s["transport"], "mptcp", "{s}");
+    assert_eq!(s["subflows"], 4, "{s}");
+    let busy = ss
+        .lines()
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("bytes_acked:"))
+        })
+        .filter_map(|n| n.parse::<u64>().ok())
+        .filter(|&n| n > 1 << 20)
+        .count();
+    assert_eq!(busy, 4, "subflows that carried data:\n{ss}");
+    // The sender's path-manager limits are back as they were, and it announced nothing.
+    let ip = |args: &[&str]| {
+        let out = p
+            .net
+            .command("s", "ip")
+            .arg("mptcp")
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(ip(&["endpoint", "show"]).trim().is_empty());
+    assert!(ip(&["limits", "show"]).contains("add_addr_accepted 0"));
 }

@@ -153,6 +153,17 @@ impl Dumbbell {
 
     /// Starts `hsxfer serve` on the receiver host with a token.
     pub fn serve(&self, root: &std::path::Path, token: &std::path::Path, port: u16) -> ServerProc {
+        self.serve_with(root, token, port, &[])
+    }
+
+    /// Starts `hsxfer serve ... EXTRA` on the receiver host with a token.
+    pub fn serve_with(
+        &self,
+        root: &std::path::Path,
+        token: &std::path::Path,
+        port: u16,
+        extra: &[&str],
+    ) -> ServerProc {
         let child = self
             .command("d", env!("CARGO_BIN_EXE_hsxfer"))
             .args([
@@ -168,6 +179,7 @@ impl Dumbbell {
                 "--token-file",
                 token.to_str().unwrap(),
             ])
+            .args(extra)
             .stderr(Stdio::null())
             .spawn()
             .expect("start the server");
