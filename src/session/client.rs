@@ -467,8 +467,20 @@ impl Client {
     /// server's announced ports as `channels - 1` extra subflows (root: the limits are the
     /// host's); otherwise says when the host's limits allow fewer.
     fn subflow_limits(&self, notes: &mut Vec<String>) -> Option<LimitsSet> {
-        let extra = self.opts.channels.saturating_sub(1).min(MAX_EXTRA_SUBFLOWS) as u32;
-        if !self.opts.mptcp || extra == 0 {
+        if !self.opts.mptcp {
+            return None;
+        }
+        let asked = self.opts.channels.saturating_sub(1);
+        if asked > MAX_EXTRA_SUBFLOWS {
+            notes.push(format!(
+                "client: an MPTCP connection has at most {} subflows with the kernel's path \
+                 manager, not {}",
+                MAX_EXTRA_SUBFLOWS + 1,
+                self.opts.channels
+            ));
+        }
+        let extra = asked.min(MAX_EXTRA_SUBFLOWS) as u32;
+        if extra == 0 {
             return None;
         }
         let want = Limits {
@@ -775,13 +787,14 @@ async fn measure_rtt(
     Ok(best)
 }
 
-/// Waits for the MPTCP connection's extra subflows to join (they follow the server's
-/// announcements within a few round trips) and returns how many subflows it has: `want`, or
-/// as many as joined within 4 RTTs (at least 200 ms, at most 2 s).
+/// Waits for the MPTCP connection's extra subflows to join and returns how many subflows it
+/// has: `want`, or as many as joined by then. The server's path manager announces its ports
+/// one at a time, each after the previous one was acknowledged, so the k-th extra subflow
+/// joins about k round trips in: the wait is `want` + 2 RTTs (at least 200 ms, at most 5 s).
 async fn wait_for_subflows(channels: &[TcpStream], want: u16, rtt: Duration) -> u16 {
     let count = || channels.iter().filter_map(mptcp::subflows).sum::<u16>();
-    let until =
-        Instant::now() + (rtt * 4).clamp(Duration::from_millis(200), Duration::from_secs(2));
+    let wait = rtt * (want as u32 + 2);
+    let until = Instant::now() + wait.clamp(Duration::from_millis(200), Duration::from_secs(5));
     while count() < want && Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
