@@ -1,7 +1,8 @@
-//! Multipath TCP (`IPPROTO_MPTCP`) channels: whether a connection really runs MPTCP, and
-//! with how many subflows. A server listening with MPTCP also accepts plain TCP clients, and
-//! an MPTCP client falls back to TCP when the server or a middlebox does not speak it; only
-//! `MPTCP_INFO` tells which happened.
+//! Multipath TCP (`IPPROTO_MPTCP`): whether a connection really runs MPTCP and with how many
+//! subflows, and the kernel path manager's settings that give a connection more subflows.
+//! A server listening with MPTCP also accepts plain TCP clients, and an MPTCP client falls
+//! back to TCP when the server or a middlebox does not speak it; only `MPTCP_INFO` tells
+//! which happened. The path manager is set with iproute2's `ip mptcp`, as root.
 
 use std::io;
 use std::net::IpAddr;
@@ -32,16 +33,6 @@ pub fn subflows(sock: &impl AsFd) -> Option<u16> {
         )
     };
     (rc == 0 && len > 0).then(|| 1 + info[0] as u16)
-}
-
-/// True when an `IPPROTO_MPTCP` socket can be created here (`net.mptcp.enabled`).
-pub fn available() -> bool {
-    socket2::Socket::new(
-        socket2::Domain::IPV4,
-        socket2::Type::STREAM,
-        Some(socket2::Protocol::MPTCP),
-    )
-    .is_ok()
 }
 
 /// The in-kernel path manager's limits (`ip mptcp limits`), which belong to the network
@@ -199,6 +190,16 @@ fn ip(args: &[&str]) -> io::Result<String> {
 mod tests {
     use super::*;
     use std::net::{TcpListener, TcpStream};
+
+    /// True when an `IPPROTO_MPTCP` socket can be created here (`net.mptcp.enabled`).
+    fn available() -> bool {
+        socket2::Socket::new(
+            socket2::Domain::IPV4,
+            socket2::Type::STREAM,
+            Some(socket2::Protocol::MPTCP),
+        )
+        .is_ok()
+    }
 
     #[test]
     fn tcp_has_no_subflows_and_mptcp_has_one() {
