@@ -706,7 +706,8 @@ impl Client {
             },
             rate_bps: goodput,
             pace: self.pace() == PaceChoice::Auto,
-            meter: self.pace() == PaceChoice::Auto && self.opts.stagger == StaggerChoice::Auto,
+            // The meter paces the other channels, which MPTCP cannot.
+            meter: !self.opts.mptcp && self.opts.stagger == StaggerChoice::Auto,
             // A congestion control the user chose meters the path itself.
             meter_cc: self.opts.cc.is_empty().then(|| METER_CC.to_string()),
             policy: self.opts.policy,
