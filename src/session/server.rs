@@ -291,16 +291,13 @@ async fn connection(
                 let free = p
                     .as_ref()
                     .is_some_and(|p| p.joined.get(channel as usize) == Some(&false));
+                let admitted = m.admit_join(p.as_ref().map(|p| &p.key), free);
                 match p {
-                    Some(p) if m.admit_join(Some(&p.key), free) => {
+                    Some(p) if admitted => {
                         p.joined[channel as usize] = true;
                         Some(p.tx.clone())
                     }
-                    Some(_) => None,
-                    None => {
-                        m.admit_join(None, false);
-                        None
-                    }
+                    _ => None,
                 }
             };
             let Some(tx) = tx else {
