@@ -305,22 +305,7 @@ async fn mptcp_carries_a_push_and_a_pull() {
     let (root, home) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let data: Vec<u8> = (0..(9u32 << 20)).map(|i| (i % 251) as u8).collect();
     fs::write(home.path().join("f"), &data).unwrap();
-    let server = hsxfer::Server::builder(root.path())
-        .port(free_port_block(
-            1 + hsxfer::transport::mptcp::MAX_EXTRA_SUBFLOWS,
-        ))
-        .mptcp(true)
-        .bind()
-        .await
-        .unwrap();
-    let port = server.local_addr().port();
-    let serving = tokio::spawn(server.run());
-    let client = hsxfer::Client::builder("127.0.0.1")
-        .port(port)
-        .channels(1)
-        .mptcp(true)
-        .build()
-        .unwrap();
+    let (client, serving) = mptcp_pair(root.path(), true, true, 1).await;
     let pushed = client
         .push(&[home.path().join("f")], false, "f", &live(4))
         .await
@@ -360,12 +345,29 @@ async fn stop(serving: tokio::task::JoinHandle<hsxfer::Result<()>>) {
 /// namespace, so a server's announced ports reach every MPTCP connection in it.
 static MPTCP: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// A loopback port from which `n` ports in a row are free.
-fn free_port_block(n: u16) -> u16 {
-    (20_000u16..60_000)
-        .step_by(97)
-        .find(|&p| (p..p + n).all(|q| std::net::TcpListener::bind(("127.0.0.1", q)).is_ok()))
-        .expect("a free block of ports")
+/// A server of `root` on a free loopback port, serving in a task, and a client of it with
+/// `channels` channels; MPTCP on each side as given.
+async fn mptcp_pair(
+    root: &std::path::Path,
+    server_mptcp: bool,
+    client_mptcp: bool,
+    channels: u16,
+) -> (hsxfer::Client, tokio::task::JoinHandle<hsxfer::Result<()>>) {
+    let server = hsxfer::Server::builder(root)
+        .port(0)
+        .mptcp(server_mptcp)
+        .bind()
+        .await
+        .unwrap();
+    let port = server.local_addr().port();
+    let serving = tokio::spawn(server.run());
+    let client = hsxfer::Client::builder("127.0.0.1")
+        .port(port)
+        .channels(channels)
+        .mptcp(client_mptcp)
+        .build()
+        .unwrap();
+    (client, serving)
 }
 
 /// MPTCP asked of a server that listens for TCP only: the channels fall back, the copy
@@ -378,20 +380,7 @@ async fn mptcp_falls_back_to_tcp_either_way() {
     let (root, home) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     fs::write(home.path().join("f"), vec![5u8; 3 << 20]).unwrap();
     for server_mptcp in [false, true] {
-        let server = hsxfer::Server::builder(root.path())
-            .port(0)
-            .mptcp(server_mptcp)
-            .bind()
-            .await
-            .unwrap();
-        let port = server.local_addr().port();
-        let serving = tokio::spawn(server.run());
-        let client = hsxfer::Client::builder("127.0.0.1")
-            .port(port)
-            .channels(2)
-            .mptcp(!server_mptcp)
-            .build()
-            .unwrap();
+        let (client, serving) = mptcp_pair(root.path(), server_mptcp, !server_mptcp, 2).await;
         let dest = format!("f{server_mptcp}");
         let r = client
             .push(&[home.path().join("f")], false, &dest, &live(2))
