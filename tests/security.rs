@@ -124,6 +124,45 @@ async fn raw(addr: std::net::SocketAddr) -> TcpStream {
     s
 }
 
+/// A connection closed before its first byte (a client whose early data-channel connect
+/// outlived a refused request, or a port check) ends the server's handshake without an
+/// error, whether it reads the server's hello first (FIN) or not (RST, the hello unread);
+/// one that sends part of a hello and closes is an error.
+#[tokio::test]
+async fn a_connection_closed_before_its_hello_is_no_handshake() {
+    use hsxfer::session::handshake;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    for case in ["fin", "rst", "part"] {
+        let client = tokio::spawn(async move {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            if case == "rst" {
+                s.readable().await.unwrap();
+                return;
+            }
+            let mut hello = [0u8; 36];
+            s.read_exact(&mut hello).await.unwrap();
+            if case == "part" {
+                s.write_all(b"HXC").await.unwrap();
+            }
+        });
+        let (mut s, _) = l.accept().await.unwrap();
+        let server =
+            tokio::spawn(
+                async move { handshake::server_accept(&mut s).await.map(|m| m.is_some()) },
+            );
+        client.await.unwrap();
+        let r = tokio::time::timeout(Duration::from_secs(20), server)
+            .await
+            .expect("the handshake ends")
+            .unwrap();
+        match case {
+            "part" => assert!(matches!(r, Err(Error::PeerVanished)), "{case}: {r:?}"),
+            _ => assert!(matches!(r, Ok(false)), "{case}: {r:?}"),
+        }
+    }
+}
+
 /// True when the server closes the connection (after an optional refusal tag).
 async fn closed(mut s: TcpStream) -> bool {
     let mut buf = [0u8; 64];
@@ -422,7 +461,7 @@ async fn hostile_server(entries: Vec<hsxfer::channels::manifest::Entry>) -> std:
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move {
         let (mut ctrl, _) = l.accept().await.unwrap();
-        let mut m = handshake::server_accept(&mut ctrl).await.unwrap();
+        let mut m = handshake::server_accept(&mut ctrl).await.unwrap().unwrap();
         let key = m
             .accept_control(&TokenKey::from_token(b""), [1; 16])
             .unwrap();
@@ -444,7 +483,7 @@ async fn hostile_server(entries: Vec<hsxfer::channels::manifest::Entry>) -> std:
         let mut joined = Vec::new();
         for _ in 0..channels {
             let (mut d, _) = l.accept().await.unwrap();
-            let mut m = handshake::server_accept(&mut d).await.unwrap();
+            let mut m = handshake::server_accept(&mut d).await.unwrap().unwrap();
             assert!(m.admit_join(Some(&key), true));
             handshake::answer(&mut d, &mut m).await.unwrap();
             joined.push(d);

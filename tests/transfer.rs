@@ -216,7 +216,7 @@ async fn older_server() -> std::net::SocketAddr {
     tokio::spawn(async move {
         while let Ok((mut s, _)) = l.accept().await {
             tokio::spawn(async move {
-                let mut m = handshake::server_accept(&mut s).await.unwrap();
+                let mut m = handshake::server_accept(&mut s).await.unwrap().unwrap();
                 assert_eq!(m.heard(), Some(Heard::Control));
                 let skey = m
                     .accept_control(&TokenKey::from_token(b""), [7; 16])

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::faults::FaultInjection;
@@ -628,10 +629,10 @@ impl Client {
             tuning,
         });
         ctrl_w.send(&request).await?;
-        match opening.on_message(ctrl_r.expect().await?, Instant::now())? {
-            Answer::Accepted { notes, .. } => report.notes.extend(notes),
-            other => unreachable!("a request is answered by its acceptance, not {other:?}"),
-        }
+        // The data channels' TCP connects overlap the request's round trip; each joins the
+        // session once the server has accepted the request. Should it not, dropping `joins`
+        // aborts them.
+        let (accepted_tx, accepted_rx) = watch::channel(false);
         let mut joins = JoinSet::new();
         for ch in 0..n {
             let (opts, key, peer) = (
@@ -639,12 +640,21 @@ impl Client {
                 skey.clone(),
                 peer.clone(),
             );
+            let mut accepted = accepted_rx.clone();
             joins.spawn(async move {
                 let mut s = timed_connect(addr, &opts).await?;
+                if accepted.wait_for(|a| *a).await.is_err() {
+                    return Err(Error::PeerVanished);
+                }
                 handshake::client_join(&mut s, &key, session, ch, &peer).await?;
                 Ok::<_, Error>((ch, s))
             });
         }
+        match opening.on_message(ctrl_r.expect().await?, Instant::now())? {
+            Answer::Accepted { notes, .. } => report.notes.extend(notes),
+            other => unreachable!("a request is answered by its acceptance, not {other:?}"),
+        }
+        accepted_tx.send_replace(true);
         let mut channels = Vec::new();
         while let Some(j) = joins.join_next().await {
             channels.push(j.map_err(Error::task("connecting a data channel"))??);

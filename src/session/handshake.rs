@@ -110,18 +110,31 @@ pub async fn client_join(
 }
 
 /// Server: sends a fresh hello and reads the client's, leaving the machine ready for the
-/// server's answer.
-pub async fn server_accept(s: &mut TcpStream) -> Result<ServerHandshake> {
+/// server's answer. `None` when the peer closed the connection without a word: a client that
+/// connected a data channel early and gave up when its request was refused, or a port check.
+pub async fn server_accept(s: &mut TcpStream) -> Result<Option<ServerHandshake>> {
     let mut m = ServerHandshake::new(rand::random());
     write(s, &m.take_output()).await?;
-    let mut buf = Vec::new();
-    while m.wants() > 0 {
-        buf.resize(m.wants(), 0);
-        read_exact_timed(s, &mut buf).await?;
+    let mut buf = vec![0; m.wants()];
+    // The first read tells a peer that closes (or resets, our unread hello in its buffer)
+    // before its first byte from one that speaks.
+    let first = match tokio::time::timeout(HANDSHAKE_TIMEOUT, s.read(&mut buf)).await {
+        Ok(Ok(0)) => return Ok(None),
+        Ok(Ok(n)) => n,
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(None),
+        Ok(Err(_)) => return Err(Error::PeerVanished),
+        Err(_) => return Err(Error::Timeout("waiting for the peer's handshake")),
+    };
+    read_exact_timed(s, &mut buf[first..]).await?;
+    loop {
         m.handle(&buf)
             .map_err(|e| Error::Malformed(e.to_string()))?;
+        if m.wants() == 0 {
+            return Ok(Some(m));
+        }
+        buf.resize(m.wants(), 0);
+        read_exact_timed(s, &mut buf).await?;
     }
-    Ok(m)
 }
 
 /// Server: writes the machine's answer (a welcome or an admission).

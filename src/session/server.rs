@@ -255,9 +255,13 @@ async fn connection(
     handshaking: Ticket,
 ) -> Result<()> {
     let limits = state.admission.limits();
-    let mut m = tokio::time::timeout(limits.handshake_timeout, handshake::server_accept(&mut s))
+    let accepted = tokio::time::timeout(limits.handshake_timeout, handshake::server_accept(&mut s))
         .await
         .map_err(|_| Error::Timeout("waiting for the peer's handshake"))??;
+    let Some(mut m) = accepted else {
+        tracing::debug!("{peer}: closed before its hello");
+        return Ok(());
+    };
     drop(handshaking);
     match m.heard().expect("a complete hello") {
         Heard::Control => {
