@@ -22,8 +22,11 @@ const GENERATED_WINDOW: u64 = 4;
 /// 1 Gbit/s bottleneck).
 const GENERATED_WINDOW_RTTS: f64 = 4.0;
 /// A generated file is sized to take about this long at the rate seen so far, so a timed
-/// bench overshoots its duration by at most about `GENERATED_WINDOW` times this.
+/// bench overshoots its duration by at most about the window's time.
 const GENERATED_FILE_SECONDS: f64 = 0.1;
+/// Fewest generated files announced ahead (two starved a 500 Mbit/s × 120 ms path early on,
+/// when the rate seen so far is still low).
+const GENERATED_WINDOW_MIN: u64 = GENERATED_WINDOW;
 
 /// When a bench stops producing data.
 #[derive(Debug, Clone, Copy)]
@@ -55,8 +58,11 @@ pub enum SendSource {
         /// channel has work however slow the path (a timed bench overshoots by at most about
         /// `GENERATED_WINDOW` blocks per channel).
         channels: u16,
-        /// Files that may be announced and not yet done.
-        window: u64,
+        /// Seconds of data at the rate seen that may be announced and not yet done. Counted
+        /// in files of the size being announced: a file is at least a block per channel,
+        /// which on a slow path is far more than [`GENERATED_FILE_SECONDS`] of data, and a
+        /// count fixed in files then ran a 2.4 s bench for 4.9 s at 120 ms.
+        window_secs: f64,
         /// Bytes announced so far.
         announced: u64,
         /// Files announced so far.
@@ -127,12 +133,12 @@ impl SendSource {
     pub fn generated(block_size: u32, limit: BenchLimit, channels: u16, rtt: Duration) -> Self {
         let mut pattern = vec![0u8; block_size as usize];
         rand::Rng::fill(&mut rand::thread_rng(), &mut pattern[..]);
-        let extra = GENERATED_WINDOW_RTTS * rtt.as_secs_f64() / GENERATED_FILE_SECONDS;
         SendSource::Generated {
             pattern: Bytes::from(pattern),
             limit,
             channels,
-            window: (GENERATED_WINDOW + extra.ceil() as u64).min(MAX_UNFINISHED_FILES),
+            window_secs: GENERATED_WINDOW as f64 * GENERATED_FILE_SECONDS
+                + GENERATED_WINDOW_RTTS * rtt.as_secs_f64(),
             announced: 0,
             files: 0,
             ended: false,
@@ -168,17 +174,20 @@ impl SendSource {
                 pattern,
                 limit,
                 channels,
-                window,
+                window_secs,
                 announced,
                 files,
                 ended,
             } => {
-                if *ended || unfinished >= *window {
+                if *ended {
                     return None;
                 }
                 let block = pattern.len() as u64;
                 let blocks = (rate * GENERATED_FILE_SECONDS) as u64 / block;
                 let file = (blocks.max(*channels as u64) * block).min(GENERATED_FILE_MAX);
+                if unfinished >= generated_window(*window_secs, rate, file) {
+                    return None;
+                }
                 let size = match *limit {
                     BenchLimit::Bytes(total) => file.min(total - *announced),
                     BenchLimit::Until(t) if Instant::now() < t => file,
@@ -203,6 +212,13 @@ impl SendSource {
     }
 }
 
+/// How many generated files of `file` bytes may be announced and not yet done: `secs` of
+/// data at `rate`, at least [`GENERATED_WINDOW_MIN`].
+fn generated_window(secs: f64, rate: f64, file: u64) -> u64 {
+    let files = (secs * rate / file.max(1) as f64).ceil() as u64;
+    files.clamp(GENERATED_WINDOW_MIN, MAX_UNFINISHED_FILES)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,6 +235,18 @@ mod tests {
                 EntryKind::File { size: 1 }
             },
         }
+    }
+
+    #[test]
+    fn generated_data_is_announced_seconds_ahead_not_files() {
+        // 1 Gbit/s, 60 ms: files of 0.1 s, 0.64 s ahead.
+        let secs = 0.4 + 4.0 * 0.06;
+        assert_eq!(generated_window(secs, 125e6, 12_500_000), 7);
+        // 330 Mbit/s, 120 ms, four channels of 4 MiB blocks: a file is at least 16 MiB, about
+        // 0.4 s: four are ahead (the least), not nine.
+        assert_eq!(generated_window(0.4 + 4.0 * 0.12, 41e6, 16 << 20), 4);
+        assert_eq!(generated_window(0.4, 1e6, 16 << 20), GENERATED_WINDOW_MIN);
+        assert_eq!(generated_window(1e9, 1e9, 1), MAX_UNFINISHED_FILES);
     }
 
     #[test]
