@@ -232,7 +232,8 @@ pub fn unix_now() -> u64 {
 }
 
 /// How long a trial on a path of round-trip time `rtt` runs, and what a session costs to set
-/// up around it (connect, handshake, request, joins: about four round trips).
+/// up around it (connect, handshake, request, joins: about four round trips). The set-up is
+/// the least it can cost, for the shortest budget; the schedule uses what the trials took.
 fn trial_times(rtt: f64) -> (f64, f64) {
     ((20.0 * rtt).max(1.0), 4.0 * rtt + 0.05)
 }
@@ -291,7 +292,7 @@ pub async fn probe(
     };
 
     // The first trial: tuned online, it measures the path.
-    let secs = first_trial_time(rtt.as_secs_f64());
+    let first_secs = first_trial_time(rtt.as_secs_f64());
     let first = runner
         .run(
             &TransferOptions {
@@ -299,7 +300,7 @@ pub async fn probe(
                 max_channels: FIRST_TRIAL_CHANNELS,
                 ..runner.base.clone()
             },
-            secs,
+            first_secs,
         )
         .await?;
     let tuner = first.tuner.clone().unwrap_or_default();
@@ -348,16 +349,19 @@ pub async fn probe(
         });
     }
 
-    // Successive halving over the rest of the budget.
+    // Successive halving over the rest of the budget. A trial is taken to cost the least a
+    // session can, until one has been timed, then the most any took: set-up, the data
+    // announced before its time was up, and the session's end grow with the RTT.
     let (secs, setup) = trial_times(path.rtt);
-    let fits =
-        |n: usize| Instant::now() + Duration::from_secs_f64(n as f64 * (secs + setup)) <= deadline;
+    let mut cost = Duration::from_secs_f64(secs + setup);
     'rounds: while !pool.is_empty() {
         for config in pool.clone() {
-            if !fits(1) {
+            if Instant::now() + cost > deadline {
                 break 'rounds;
             }
+            let began = Instant::now();
             let t = runner.trial(&config, rate, secs).await?;
+            cost = cost.max(began.elapsed());
             progress(&ProbeStep::Trial {
                 config: config.clone(),
                 goodput_bps: t.goodput * 8.0,
