@@ -354,8 +354,14 @@ pub async fn probe(
     // announced before its time was up, and the session's end grow with the RTT.
     let (secs, setup) = trial_times(path.rtt);
     let mut cost = Duration::from_secs_f64(secs + setup);
+    let mut first_round = true;
     'rounds: while !pool.is_empty() {
         for config in pool.clone() {
+            // The first round runs what has not run yet: the first trial already counts for
+            // its configuration, and a short budget is better spent on another.
+            if first_round && trials.iter().any(|t| t.config == config) {
+                continue;
+            }
             if Instant::now() + cost > deadline {
                 break 'rounds;
             }
@@ -368,6 +374,7 @@ pub async fn probe(
             });
             trials.push(t);
         }
+        first_round = false;
         let ranked = rank(&trials, &preference);
         let keep = pool.len().div_ceil(2);
         pool = ranked
