@@ -15,12 +15,20 @@ use crate::error::{Error, Result};
 /// How long either side waits for a handshake step.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A read of the peer's handshake, within [`HANDSHAKE_TIMEOUT`].
+async fn timed<T>(
+    read: impl std::future::Future<Output = std::io::Result<T>>,
+) -> Result<std::io::Result<T>> {
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, read)
+        .await
+        .map_err(|_| Error::Timeout("waiting for the peer's handshake"))
+}
+
 async fn read_exact_timed(s: &mut TcpStream, buf: &mut [u8]) -> Result<()> {
-    match tokio::time::timeout(HANDSHAKE_TIMEOUT, s.read_exact(buf)).await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(_)) => Err(Error::PeerVanished),
-        Err(_) => Err(Error::Timeout("waiting for the peer's handshake")),
-    }
+    timed(s.read_exact(buf))
+        .await?
+        .map(drop)
+        .map_err(|_| Error::PeerVanished)
 }
 
 async fn write(s: &mut TcpStream, b: &[u8]) -> Result<()> {
@@ -118,12 +126,11 @@ pub async fn server_accept(s: &mut TcpStream) -> Result<Option<ServerHandshake>>
     let mut buf = vec![0; m.wants()];
     // The first read tells a peer that closes (or resets, our unread hello in its buffer)
     // before its first byte from one that speaks.
-    let first = match tokio::time::timeout(HANDSHAKE_TIMEOUT, s.read(&mut buf)).await {
-        Ok(Ok(0)) => return Ok(None),
-        Ok(Ok(n)) => n,
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(None),
-        Ok(Err(_)) => return Err(Error::PeerVanished),
-        Err(_) => return Err(Error::Timeout("waiting for the peer's handshake")),
+    let first = match timed(s.read(&mut buf)).await? {
+        Ok(0) => return Ok(None),
+        Ok(n) => n,
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(None),
+        Err(_) => return Err(Error::PeerVanished),
     };
     read_exact_timed(s, &mut buf[first..]).await?;
     loop {

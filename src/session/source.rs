@@ -14,7 +14,8 @@ use crate::fsio::source::{read_block, SourceTree};
 pub const MANIFEST_CHUNK: usize = 1000;
 /// Largest generated file in bench mode.
 pub const GENERATED_FILE_MAX: u64 = 256 << 20;
-/// Generated files announced ahead of completion on a short path.
+/// Generated files announced ahead of completion on a short path, and the fewest ever (two
+/// starved a 500 Mbit/s × 120 ms path early on, when the rate seen so far is still low).
 const GENERATED_WINDOW: u64 = 4;
 /// Round trips of generated data announced on top of that window: a file is done only a
 /// round trip (and its verification) after its last byte left, so on a long path a fixed
@@ -24,9 +25,6 @@ const GENERATED_WINDOW_RTTS: f64 = 4.0;
 /// A generated file is sized to take about this long at the rate seen so far, so a timed
 /// bench overshoots its duration by at most about the window's time.
 const GENERATED_FILE_SECONDS: f64 = 0.1;
-/// Fewest generated files announced ahead (two starved a 500 Mbit/s × 120 ms path early on,
-/// when the rate seen so far is still low).
-const GENERATED_WINDOW_MIN: u64 = GENERATED_WINDOW;
 
 /// When a bench stops producing data.
 #[derive(Debug, Clone, Copy)]
@@ -213,10 +211,10 @@ impl SendSource {
 }
 
 /// How many generated files of `file` bytes may be announced and not yet done: `secs` of
-/// data at `rate`, at least [`GENERATED_WINDOW_MIN`].
+/// data at `rate`, at least [`GENERATED_WINDOW`].
 fn generated_window(secs: f64, rate: f64, file: u64) -> u64 {
     let files = (secs * rate / file.max(1) as f64).ceil() as u64;
-    files.clamp(GENERATED_WINDOW_MIN, MAX_UNFINISHED_FILES)
+    files.clamp(GENERATED_WINDOW, MAX_UNFINISHED_FILES)
 }
 
 #[cfg(test)]
@@ -245,7 +243,7 @@ mod tests {
         // 330 Mbit/s, 120 ms, four channels of 4 MiB blocks: a file is at least 16 MiB, about
         // 0.4 s: four are ahead (the least), not nine.
         assert_eq!(generated_window(0.4 + 4.0 * 0.12, 41e6, 16 << 20), 4);
-        assert_eq!(generated_window(0.4, 1e6, 16 << 20), GENERATED_WINDOW_MIN);
+        assert_eq!(generated_window(0.4, 1e6, 16 << 20), GENERATED_WINDOW);
         assert_eq!(generated_window(1e9, 1e9, 1), MAX_UNFINISHED_FILES);
     }
 

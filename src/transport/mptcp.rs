@@ -191,14 +191,13 @@ mod tests {
     use super::*;
     use std::net::{TcpListener, TcpStream};
 
-    /// True when an `IPPROTO_MPTCP` socket can be created here (`net.mptcp.enabled`).
-    fn available() -> bool {
+    /// An `IPPROTO_MPTCP` socket; an error when MPTCP is off here (`net.mptcp.enabled`).
+    fn mptcp_socket() -> io::Result<socket2::Socket> {
         socket2::Socket::new(
             socket2::Domain::IPV4,
             socket2::Type::STREAM,
             Some(socket2::Protocol::MPTCP),
         )
-        .is_ok()
     }
 
     #[test]
@@ -206,23 +205,12 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         assert_eq!(subflows(&c), None);
-        assert!(available(), "MPTCP is off here (sysctl net.mptcp.enabled)");
         let addr = l.local_addr().unwrap();
         drop(l);
-        let l = socket2::Socket::new(
-            socket2::Domain::IPV4,
-            socket2::Type::STREAM,
-            Some(socket2::Protocol::MPTCP),
-        )
-        .unwrap();
+        let l = mptcp_socket().expect("MPTCP is off here (sysctl net.mptcp.enabled)");
         l.bind(&addr.into()).unwrap();
         l.listen(4).unwrap();
-        let m = socket2::Socket::new(
-            socket2::Domain::IPV4,
-            socket2::Type::STREAM,
-            Some(socket2::Protocol::MPTCP),
-        )
-        .unwrap();
+        let m = mptcp_socket().unwrap();
         m.connect(&addr.into()).unwrap();
         let (accepted, _) = l.accept().unwrap();
         assert_eq!(subflows(&m), Some(1));
