@@ -55,6 +55,34 @@ pub enum Error {
     /// The peer answered but is not an hsxfer server.
     #[error("{0} is not an hsxfer server")]
     NotHsxfer(String),
+    /// The client asked for clear text and the server allows only TLS.
+    #[error("server {0} accepts only encrypted connections: drop `--no-encrypt`, or start that server with `--no-encrypt` to allow clear text")]
+    ClearRefused(String),
+    /// The server presented another key than the one this client knows for it.
+    #[error("server {server} presents the key {seen}, but {expected}: if its key was replaced on purpose, {fix}; otherwise someone may be intercepting the connection")]
+    ServerKeyChanged {
+        /// The server.
+        server: String,
+        /// The key it presented.
+        seen: crate::transport::tls::Fingerprint,
+        /// Where the expected key comes from, and which it is.
+        expected: String,
+        /// How to accept the new key.
+        fix: String,
+    },
+    /// The server's key file cannot be used.
+    #[error(transparent)]
+    Identity(#[from] crate::transport::tls::IdentityError),
+    /// The TLS handshake failed.
+    #[error(
+        "TLS handshake with {peer} failed: {source} (is it an hsxfer server of this version?)"
+    )]
+    Tls {
+        /// The server.
+        peer: String,
+        /// What failed.
+        source: io::Error,
+    },
     /// The server does not answer a path measurement: it runs an older hsxfer.
     #[error("the server at {0} runs an older hsxfer that cannot measure the path (it does not answer the probe's request for its facts): upgrade hsxfer there, or transfer with `tune` off")]
     TooOld(String),

@@ -13,12 +13,19 @@ use hsxfer::{Auth, Error, FaultInjection, ServerLimits};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
-/// Holds a connection from 127.0.0.2 that dribbles a control hello one byte every 2 s, so
-/// no single read of the server's times out, opening a new one whenever the server drops it,
-/// until `stop`; counts the server's busy answers.
-async fn hold(port: u16, stop: Arc<AtomicBool>, busy: Arc<AtomicU64>) {
-    let mut hello = b"HXCC".to_vec();
+/// The start of a TLS handshake: a record header announcing a 256-byte ClientHello, then
+/// its first bytes. A server waits for the rest until its handshake deadline.
+fn stalled_client_hello() -> Vec<u8> {
+    let mut hello = vec![0x16, 3, 1, 1, 0, 1, 0, 0, 252, 3, 3];
     hello.resize(68, 0);
+    hello
+}
+
+/// Holds a connection from 127.0.0.2 that dribbles the start of a TLS handshake one byte
+/// every 2 s, so no single read of the server's times out, opening a new one whenever the
+/// server drops it, until `stop`; counts the server's busy answers.
+async fn hold(port: u16, stop: Arc<AtomicBool>, busy: Arc<AtomicU64>) {
+    let hello = stalled_client_hello();
     while !stop.load(Ordering::Relaxed) {
         let sock = TcpSocket::new_v4().unwrap();
         sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
@@ -101,13 +108,9 @@ async fn a_handshake_dribbled_byte_by_byte_is_cut_off_at_the_deadline() {
     };
     let addr = server_with(root.path(), Auth::NoAuth, FaultInjection::default(), limits).await;
     let mut s = TcpStream::connect(addr).await.unwrap();
-    let mut hello = [0u8; 36];
-    s.read_exact(&mut hello).await.unwrap();
     let started = std::time::Instant::now();
-    // A control hello is 68 bytes: 27 s at this pace.
-    let mut hello = b"HXCC".to_vec();
-    hello.resize(68, 0);
-    for b in hello {
+    // 68 bytes: 27 s at this pace.
+    for b in stalled_client_hello() {
         if s.write_all(&[b]).await.is_err() {
             break;
         }
@@ -135,7 +138,7 @@ async fn a_session_past_the_cap_is_told_to_retry_and_an_idle_one_frees_its_slot(
         ..ServerLimits::default()
     };
     let addr = server_with(root.path(), Auth::NoAuth, FaultInjection::default(), limits).await;
-    let mut idle = TcpStream::connect(addr).await.unwrap();
+    let mut idle = open(addr).await;
     let key = hsxfer::channels::auth::TokenKey::from_token(b"");
     hsxfer::session::handshake::client_control(&mut idle, &key, "t")
         .await

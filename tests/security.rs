@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use common::*;
 use hsxfer::session::wire::{control_pair, ControlReader, ControlWriter, Side};
+use hsxfer::transport::tls::{ReadPart, Stream, WritePart};
 use hsxfer::{Auth, Error, FaultInjection, Server, ServerConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
 fn token(t: &str) -> Auth {
@@ -50,12 +50,8 @@ async fn wrong_or_missing_token_is_refused_and_the_server_keeps_serving() {
 async fn no_auth_is_refused_off_loopback() {
     let root = tempfile::tempdir().unwrap();
     let e = Server::bind(ServerConfig {
-        root: root.path().into(),
         listen: "0.0.0.0:0".parse().unwrap(),
-        auth: Auth::NoAuth,
-        faults: FaultInjection::default(),
-        limits: Default::default(),
-        mptcp: false,
+        ..config(root.path(), Auth::NoAuth, FaultInjection::default(), false)
     })
     .await
     .err()
@@ -115,42 +111,41 @@ async fn paths_cannot_leave_the_root() {
     assert!(root.path().join("inside/f").exists());
 }
 
-/// Opens a raw connection and reads the server's 36-byte hello.
-async fn raw(addr: std::net::SocketAddr) -> TcpStream {
-    let mut s = TcpStream::connect(addr).await.unwrap();
+/// Opens a TLS connection and reads the server's 36-byte hello.
+async fn raw(addr: std::net::SocketAddr) -> Stream {
+    let mut s = open(addr).await;
     let mut hello = [0u8; 36];
     s.read_exact(&mut hello).await.unwrap();
-    assert_eq!(&hello[..4], b"HXS2");
+    assert_eq!(&hello[..4], b"HXS3");
     s
 }
 
 /// A connection closed before its first byte (a client whose early data-channel connect
 /// outlived a refused request, or a port check) ends the server's handshake without an
-/// error, whether it reads the server's hello first (FIN) or not (RST, the hello unread);
-/// one that sends part of a hello and closes is an error.
+/// error, whether it closes (FIN) or resets (RST); one that sends part of the clear-text
+/// preface, or of a TLS ClientHello, and closes is an error.
 #[tokio::test]
 async fn a_connection_closed_before_its_hello_is_no_handshake() {
     use hsxfer::session::handshake;
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
-    for case in ["fin", "rst", "part"] {
+    let tls = server_tls(true);
+    for case in ["fin", "rst", "part", "tls-part"] {
         let client = tokio::spawn(async move {
             let mut s = TcpStream::connect(addr).await.unwrap();
-            if case == "rst" {
-                s.readable().await.unwrap();
-                return;
-            }
-            let mut hello = [0u8; 36];
-            s.read_exact(&mut hello).await.unwrap();
-            if case == "part" {
-                s.write_all(b"HXC").await.unwrap();
+            match case {
+                "rst" => socket2::SockRef::from(&s)
+                    .set_linger(Some(Duration::ZERO))
+                    .unwrap(),
+                "part" => s.write_all(b"HX").await.unwrap(),
+                "tls-part" => s.write_all(&[0x16, 3, 1, 0, 200, 1]).await.unwrap(),
+                _ => {}
             }
         });
-        let (mut s, _) = l.accept().await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        let tls = tls.clone();
         let server =
-            tokio::spawn(
-                async move { handshake::server_accept(&mut s).await.map(|m| m.is_some()) },
-            );
+            tokio::spawn(async move { handshake::server_open(s, &tls).await.map(|o| o.is_some()) });
         client.await.unwrap();
         let r = tokio::time::timeout(Duration::from_secs(20), server)
             .await
@@ -158,13 +153,14 @@ async fn a_connection_closed_before_its_hello_is_no_handshake() {
             .unwrap();
         match case {
             "part" => assert!(matches!(r, Err(Error::PeerVanished)), "{case}: {r:?}"),
+            "tls-part" => assert!(matches!(r, Err(Error::Malformed(_))), "{case}: {r:?}"),
             _ => assert!(matches!(r, Ok(false)), "{case}: {r:?}"),
         }
     }
 }
 
 /// True when the server closes the connection (after an optional refusal tag).
-async fn closed(mut s: TcpStream) -> bool {
+async fn closed(mut s: Stream) -> bool {
     let mut buf = [0u8; 64];
     let read = tokio::time::timeout(Duration::from_secs(15), async {
         let mut total = 0;
@@ -185,9 +181,13 @@ async fn garbage_forged_joins_and_malformed_control_are_rejected() {
     random_file(&src.path().join("f"), 5 << 20, 2);
     let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
 
-    // Not our protocol at all.
+    // Not our protocol at all, in clear text and inside TLS.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    assert!(closed(Stream::clear(s)).await);
     let mut s = raw(addr).await;
     s.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    s.flush().await.unwrap();
     assert!(closed(s).await);
 
     // A join for a session that does not exist, with a made-up MAC.
@@ -195,13 +195,14 @@ async fn garbage_forged_joins_and_malformed_control_are_rejected() {
     let mut join = b"HXCJ".to_vec();
     join.extend([7u8; 50]);
     s.write_all(&join).await.unwrap();
+    s.flush().await.unwrap();
     let mut answer = [0u8; 4];
     s.read_exact(&mut answer).await.unwrap();
     assert_eq!(&answer, b"HXNO");
 
     // An authenticated control connection that then sends a malformed message under a tag
     // that is not its MAC.
-    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut s = open(addr).await;
     let key = hsxfer::channels::auth::TokenKey::from_token(b"");
     hsxfer::session::handshake::client_control(&mut s, &key, "test")
         .await
@@ -209,14 +210,16 @@ async fn garbage_forged_joins_and_malformed_control_are_rejected() {
     let mut frame = vec![5, 0, 0, 0, b'{', b'x', b'}', b'!', b'!'];
     frame.extend([0u8; hsxfer::channels::control::TAG_LEN]);
     s.write_all(&frame).await.unwrap();
+    s.flush().await.unwrap();
     assert!(closed(s).await);
 
     // An oversized control frame is refused without allocating it.
-    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut s = open(addr).await;
     hsxfer::session::handshake::client_control(&mut s, &key, "test")
         .await
         .unwrap();
     s.write_all(&u32::MAX.to_le_bytes()).await.unwrap();
+    s.flush().await.unwrap();
     assert!(closed(s).await);
 
     // Meanwhile the server still serves real clients.
@@ -233,7 +236,7 @@ async fn a_data_channel_sending_garbage_ends_only_its_session() {
     random_file(&src.path().join("f"), 1 << 20, 4);
     let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
     let key = TokenKey::from_token(b"");
-    let mut ctrl = TcpStream::connect(addr).await.unwrap();
+    let mut ctrl = open(addr).await;
     let (session, skey) = handshake::client_control(&mut ctrl, &key, "t")
         .await
         .unwrap();
@@ -249,12 +252,12 @@ async fn a_data_channel_sending_garbage_ends_only_its_session() {
         tuning: control::Tuning::kernel_defaults(1),
     });
     w.send(&req).await.unwrap();
-    let mut data = TcpStream::connect(addr).await.unwrap();
+    let mut data = open(addr).await;
     handshake::client_join(&mut data, &skey, session, 0, "t")
         .await
         .unwrap();
     // A replayed join for the same channel is refused: the channel is taken.
-    let mut again = TcpStream::connect(addr).await.unwrap();
+    let mut again = open(addr).await;
     assert!(handshake::client_join(&mut again, &skey, session, 0, "t")
         .await
         .is_err());
@@ -271,6 +274,7 @@ async fn a_data_channel_sending_garbage_ends_only_its_session() {
     };
     w.send(&m).await.unwrap();
     data.write_all(&[0xAB; 24]).await.unwrap();
+    data.flush().await.unwrap();
     let ended = async { while let Ok(Some(_)) = r.recv().await {} };
     assert!(
         tokio::time::timeout(Duration::from_secs(15), ended)
@@ -287,8 +291,8 @@ async fn a_data_channel_sending_garbage_ends_only_its_session() {
 
 /// A session's control connection, authenticated, with its id and key.
 struct Opened {
-    r: ControlReader<OwnedReadHalf>,
-    w: ControlWriter<OwnedWriteHalf>,
+    r: ControlReader<ReadPart>,
+    w: ControlWriter<WritePart>,
     session: hsxfer::channels::auth::SessionId,
     key: hsxfer::channels::auth::SessionKey,
 }
@@ -300,7 +304,7 @@ async fn ask(
 ) -> (Opened, hsxfer::channels::control::Message) {
     use hsxfer::channels::control::Message;
     let token = hsxfer::channels::auth::TokenKey::from_token(b"");
-    let mut ctrl = TcpStream::connect(addr).await.unwrap();
+    let mut ctrl = open(addr).await;
     let (session, key) = hsxfer::session::handshake::client_control(&mut ctrl, &token, "t")
         .await
         .unwrap();
@@ -383,7 +387,7 @@ async fn hostile_values_in_a_request_or_manifest_end_only_their_session() {
         let pushing = matches!(request.op, Operation::Push { .. });
         let (mut s, accepted) = ask(addr, request).await;
         assert!(matches!(accepted, Message::Accepted { .. }), "{accepted:?}");
-        let mut data = TcpStream::connect(addr).await.unwrap();
+        let mut data = open(addr).await;
         handshake::client_join(&mut data, &s.key, s.session, 0, "t")
             .await
             .unwrap();
@@ -425,7 +429,7 @@ async fn hostile_values_in_a_request_or_manifest_end_only_their_session() {
         },
     )
     .await;
-    let mut data = TcpStream::connect(addr).await.unwrap();
+    let mut data = open(addr).await;
     handshake::client_join(&mut data, &s.key, s.session, 0, "t")
         .await
         .unwrap();
@@ -459,9 +463,11 @@ async fn hostile_server(entries: Vec<hsxfer::channels::manifest::Entry>) -> std:
     use hsxfer::session::handshake;
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
+    let tls = server_tls(false);
     tokio::spawn(async move {
-        let (mut ctrl, _) = l.accept().await.unwrap();
-        let mut m = handshake::server_accept(&mut ctrl).await.unwrap().unwrap();
+        let (tcp, _) = l.accept().await.unwrap();
+        let (mut ctrl, m) = handshake::server_open(tcp, &tls).await.unwrap().unwrap();
+        let mut m = handshake::server_accept(&mut ctrl, m).await.unwrap();
         let key = m
             .accept_control(&TokenKey::from_token(b""), [1; 16])
             .unwrap();
@@ -482,8 +488,9 @@ async fn hostile_server(entries: Vec<hsxfer::channels::manifest::Entry>) -> std:
         w.send(&accepted).await.unwrap();
         let mut joined = Vec::new();
         for _ in 0..channels {
-            let (mut d, _) = l.accept().await.unwrap();
-            let mut m = handshake::server_accept(&mut d).await.unwrap().unwrap();
+            let (tcp, _) = l.accept().await.unwrap();
+            let (mut d, m) = handshake::server_open(tcp, &tls).await.unwrap().unwrap();
+            let mut m = handshake::server_accept(&mut d, m).await.unwrap();
             assert!(m.admit_join(Some(&key), true));
             handshake::answer(&mut d, &mut m).await.unwrap();
             joined.push(d);
@@ -608,8 +615,11 @@ async fn rewriting_relay(
                     let _ = cw.shutdown().await;
                 });
                 let mut tag = [0u8; 4];
-                if cr.read_exact(&mut tag).await.is_err() || sw.write_all(&tag).await.is_err() {
-                    return;
+                // The clear-text preface, then the hello's tag.
+                for _ in 0..2 {
+                    if cr.read_exact(&mut tag).await.is_err() || sw.write_all(&tag).await.is_err() {
+                        return;
+                    }
                 }
                 if &tag != b"HXCC" {
                     let _ = tokio::io::copy(&mut cr, &mut sw).await;
@@ -643,18 +653,36 @@ async fn rewriting_relay(
     addr
 }
 
-/// A relay that turns a push into `mine` into a push into `evil` is caught by the MACs on
-/// control frames: the server refuses the altered request, says why, and writes nothing. The
-/// same relay that changes nothing is harmless.
+/// In clear text (`--no-encrypt` on both ends), a relay that turns a push into `mine` into a
+/// push into `evil` is caught by the MACs on control frames: the server refuses the altered
+/// request, says why, and writes nothing. The same relay that changes nothing is harmless.
 #[tokio::test]
 async fn a_relay_that_rewrites_control_messages_is_caught() {
     let src = tempfile::tempdir().unwrap();
     let root = tempfile::tempdir().unwrap();
     random_file(&src.path().join("f"), 100_000, 3);
     let secret = token("0123456789abcdef0123456789abcdef");
-    let addr = server(root.path(), secret.clone(), FaultInjection::default()).await;
+    let addr = serve(config(
+        root.path(),
+        secret.clone(),
+        FaultInjection::default(),
+        true,
+    ))
+    .await;
     let relay = rewriting_relay(addr, "\"dest\":\"mine\"", "\"dest\":\"evil\"").await;
-    let e = client_with(relay, 2, secret.clone(), FaultInjection::default())
+    let clear = |auth: Auth| {
+        hsxfer::Client::new(
+            "127.0.0.1",
+            hsxfer::TransferOptions {
+                channels: 2,
+                port: relay.port(),
+                auth,
+                security: hsxfer::session::secure::Security::Clear,
+                ..Default::default()
+            },
+        )
+    };
+    let e = clear(secret.clone())
         .push(&[src.path().join("f")], false, "mine", &live(2))
         .await
         .unwrap_err();
@@ -664,6 +692,10 @@ async fn a_relay_that_rewrites_control_messages_is_caught() {
     );
     assert!(!root.path().join("evil").exists());
     assert!(!root.path().join("mine").exists());
-    push_ok(relay, secret, &src.path().join("f"), "other").await;
+    let r = clear(secret)
+        .push(&[src.path().join("f")], false, "other", &live(2))
+        .await
+        .expect("an honest relay is harmless");
+    assert!(r.verified && !r.encrypted);
     assert!(root.path().join("other").exists());
 }

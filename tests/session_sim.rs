@@ -178,7 +178,7 @@ fn control_messages(link: &mut Link, up: bool, seal: &mut FrameSeal) -> Result<V
 // The client: pushes `files`.
 
 enum ClientPhase {
-    Handshake(ClientHandshake),
+    Handshake(Box<ClientHandshake>),
     Opening(ClientOpening),
     Running,
 }
@@ -208,7 +208,10 @@ impl Client {
     fn new(token: &[u8], files: Vec<Vec<u8>>, channels: u16) -> Self {
         let token = TokenKey::from_token(token);
         Client {
-            phase: ClientPhase::Handshake(ClientHandshake::control(token.clone(), [2; 32])),
+            phase: ClientPhase::Handshake(Box::new(ClientHandshake::control(
+                token.clone(),
+                [2; 32],
+            ))),
             token,
             files,
             channels,

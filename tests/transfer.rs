@@ -213,10 +213,13 @@ async fn older_server() -> std::net::SocketAddr {
     use hsxfer::session::wire::{control_pair, Side};
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
+    let tls = server_tls(false);
     tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
+        while let Ok((tcp, _)) = l.accept().await {
+            let tls = tls.clone();
             tokio::spawn(async move {
-                let mut m = handshake::server_accept(&mut s).await.unwrap().unwrap();
+                let (mut s, m) = handshake::server_open(tcp, &tls).await.unwrap().unwrap();
+                let mut m = handshake::server_accept(&mut s, m).await.unwrap();
                 assert_eq!(m.heard(), Some(Heard::Control));
                 let skey = m
                     .accept_control(&TokenKey::from_token(b""), [7; 16])
@@ -241,6 +244,7 @@ async fn a_probe_of_an_older_server_says_to_upgrade_it() {
         &hsxfer::probe::ProbeOptions {
             port: addr.port(),
             auth: Auth::NoAuth,
+            security: Default::default(),
             budget: std::time::Duration::from_secs(10),
             direction: hsxfer::probe::Direction::Push,
             policy: Default::default(),
@@ -284,7 +288,7 @@ async fn a_server_of_another_protocol_version_is_named_as_such() {
     assert!(matches!(e, hsxfer::Error::Protocol(_)), "{e:?}");
     let msg = e.to_string();
     assert!(
-        msg.contains("another version") && msg.contains("HXS1") && msg.contains("HXS2"),
+        msg.contains("another version") && msg.contains("HXS1") && msg.contains("HXS3"),
         "{msg}"
     );
 }

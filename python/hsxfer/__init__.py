@@ -62,6 +62,9 @@ def _options(
     tune: str,
     policy: str,
     mptcp: bool,
+    encrypt: bool,
+    server_fingerprint: Optional[str],
+    known_servers: Optional[PathLike],
 ) -> Dict[str, Any]:
     if isinstance(cc, str):
         cc = [cc]
@@ -76,6 +79,9 @@ def _options(
         "tune": tune,
         "policy": policy,
         "mptcp": mptcp,
+        "encrypt": encrypt,
+        "server_fingerprint": server_fingerprint,
+        "known_servers": os.fspath(known_servers) if known_servers is not None else None,
     }
 
 
@@ -100,6 +106,9 @@ def copy(
     tune: str = "auto",
     policy: str = "fair",
     mptcp: bool = False,
+    encrypt: bool = True,
+    server_fingerprint: Optional[str] = None,
+    known_servers: Optional[PathLike] = None,
     progress: Optional[Progress] = None,
     interval: float = 0.5,
     _expect: Optional[str] = None,
@@ -119,6 +128,13 @@ def copy(
     back to TCP, with a warning, unless the server listens with MPTCP. The report's
     ``transport`` and ``subflows`` say what ran.
 
+    Every connection is TLS 1.3. The server's key is checked against the known-servers file
+    (``~/.config/hsxfer/known_servers``, or ``known_servers``): a server met for the first
+    time is recorded, a changed key raises :class:`AuthError`. ``server_fingerprint``
+    (``"SHA256:..."``, as the server prints it or :attr:`Server.fingerprint` gives it) pins
+    one key instead. ``encrypt=False`` asks for clear text, which the server must allow. The
+    report's ``encrypted`` and ``cipher_suite`` say what ran.
+
     ``tune`` is where the rest comes from, as with ``hsxfer copy --tune``: ``"auto"`` starts
     from the profile a probe or an earlier long copy saved for this server and direction, and
     tunes while the copy runs; ``"probe"`` probes the path first (about 10 s) and saves it;
@@ -129,7 +145,10 @@ def copy(
     ``seconds``, ``goodput_bps``, ``verified``, ``files``, ``bytes_resumed``, ``channels``,
     ``tuning``, ...), see docs/json.md.
     """
-    options = _options(channels, port, token_file, block_size, cc, rate, pace, tune, policy, mptcp)
+    options = _options(
+        channels, port, token_file, block_size, cc, rate, pace, tune, policy, mptcp,
+        encrypt, server_fingerprint, known_servers,
+    )
     report = _native.copy(
         _operands(sources, dest),
         options,
@@ -168,13 +187,20 @@ def bench(
     tune: str = "auto",
     policy: str = "fair",
     mptcp: bool = False,
+    encrypt: bool = True,
+    server_fingerprint: Optional[str] = None,
+    known_servers: Optional[PathLike] = None,
     progress: Optional[Progress] = None,
     interval: float = 0.5,
 ) -> Dict[str, Any]:
     """Memory to memory through the whole protocol, like ``hsxfer bench``: ``bytes`` or
     ``seconds`` (one of them; default 10 s) of generated data, ``direction`` ``"upload"`` or
-    ``"download"``. Returns the report, as :func:`copy` does."""
-    options = _options(channels, port, token_file, block_size, cc, rate, pace, tune, policy, mptcp)
+    ``"download"``. Encryption as for :func:`copy`. Returns the report, as :func:`copy`
+    does."""
+    options = _options(
+        channels, port, token_file, block_size, cc, rate, pace, tune, policy, mptcp,
+        encrypt, server_fingerprint, known_servers,
+    )
     if bytes is None and seconds is None:
         seconds = 10.0
     report = _native.bench(
@@ -198,12 +224,16 @@ def probe(
     direction: str = "push",
     policy: str = "fair",
     save: bool = True,
+    encrypt: bool = True,
+    server_fingerprint: Optional[str] = None,
+    known_servers: Optional[PathLike] = None,
 ) -> Dict[str, Any]:
     """Measures the path to ``host`` and ranks congestion control x channels x pacing within
     ``budget`` seconds, like ``hsxfer probe --json``. With ``save`` the result is kept as the
     server's profile, which later copies in that direction start from (``tune="auto"``).
     Returns the report as a dict (``rtt_ms``, ``rate_bps``, ``recommendation``, ``flags``,
-    ``candidates``, ``profile``: the saved file or None, ...)."""
+    ``candidates``, ``profile``: the saved file or None, ...). Encryption as for
+    :func:`copy`."""
     report = _native.probe(
         host,
         port=port,
@@ -212,6 +242,9 @@ def probe(
         direction=direction,
         policy=policy,
         save=save,
+        encrypt=encrypt,
+        server_fingerprint=server_fingerprint,
+        known_servers=os.fspath(known_servers) if known_servers is not None else None,
     )
     return json.loads(report)
 
@@ -228,6 +261,11 @@ class Server:
     ``port=0`` (the default) takes a free port. Without ``token_file`` it runs without
     authentication, which is allowed only on a loopback address. ``mptcp=True`` listens with
     Multipath TCP, so ``mptcp`` clients get MPTCP channels (TCP clients are served as before).
+
+    Connections are TLS 1.3 with the server's key, kept in ``key_file`` (default:
+    ``~/.config/hsxfer/server-key.pem``, made on first use); clients pin it
+    (:attr:`fingerprint`). ``allow_clear=True`` also serves clients that ask for clear text
+    (``encrypt=False``).
     """
 
     def __init__(
@@ -238,6 +276,8 @@ class Server:
         listen: str = "127.0.0.1",
         port: int = 0,
         mptcp: bool = False,
+        key_file: Optional[PathLike] = None,
+        allow_clear: bool = False,
     ) -> None:
         self._server = _native.Server(
             os.fspath(root),
@@ -245,12 +285,19 @@ class Server:
             listen=listen,
             port=port,
             mptcp=mptcp,
+            key_file=os.fspath(key_file) if key_file is not None else None,
+            allow_clear=allow_clear,
         )
 
     @property
     def port(self) -> int:
         """The port it listens on."""
         return self._server.port
+
+    @property
+    def fingerprint(self) -> str:
+        """The fingerprint of its TLS key (``SHA256:...``), for ``server_fingerprint``."""
+        return self._server.fingerprint
 
     @property
     def address(self) -> str:

@@ -36,6 +36,9 @@ def probe(
     direction: str = "push",
     policy: str = "fair",
     save: bool = True,
+    encrypt: bool = True,
+    server_fingerprint: Optional[str] = None,
+    known_servers: Optional[str] = None,
 ) -> str: ...
 
 class Server:
@@ -47,9 +50,13 @@ class Server:
         listen: str = "127.0.0.1",
         port: int = 0,
         mptcp: bool = False,
+        key_file: Optional[str] = None,
+        allow_clear: bool = False,
     ) -> None: ...
     @property
     def port(self) -> int: ...
+    @property
+    def fingerprint(self) -> str: ...
     @property
     def address(self) -> str: ...
     def close(self) -> None: ...

@@ -16,7 +16,9 @@ use std::time::Duration;
 
 use hsxfer::fsio::operands::{self, Direction};
 use hsxfer::probe::{Direction as ProfileDirection, Fixed, ProbeOptions};
+use hsxfer::session::secure::{Security, Trust};
 use hsxfer::session::settle::{settle, Source};
+use hsxfer::transport::tls::{Fingerprint, KnownServers};
 use hsxfer::tuning::desync::PaceChoice;
 use hsxfer::{
     Auth, BenchAmount, BenchDirection, Client, LiveStats, PathRate, Server, TransferOptions,
@@ -61,8 +63,14 @@ fn raise(e: hsxfer::Error) -> PyErr {
     use hsxfer::Error as E;
     let message = e.to_string();
     match e {
-        E::AuthRefused(_) | E::ServerNotAuthentic(_) => AuthError::new_err(message),
-        E::Resolve { .. } | E::Connect { .. } | E::NotHsxfer(_) => ConnectError::new_err(message),
+        E::AuthRefused(_) | E::ServerNotAuthentic(_) | E::ServerKeyChanged { .. } => {
+            AuthError::new_err(message)
+        }
+        E::Resolve { .. }
+        | E::Connect { .. }
+        | E::NotHsxfer(_)
+        | E::ClearRefused(_)
+        | E::Tls { .. } => ConnectError::new_err(message),
         E::Busy { .. } => BusyError::new_err(message),
         E::Usage(_) => PyValueError::new_err(message),
         _ => Error::new_err(message),
@@ -84,6 +92,31 @@ fn runtime() -> &'static Runtime {
 /// A token file, or no authentication (which servers allow only on loopback).
 fn auth(token_file: Option<PathBuf>) -> PyResult<Auth> {
     Auth::from_optional_token_file(token_file.as_deref()).map_err(raise)
+}
+
+/// TLS with the server's key checked against the known-servers file (the default one, or
+/// `known_servers`) or pinned to `server_fingerprint`, or clear text without `encrypt`.
+fn security(
+    encrypt: bool,
+    server_fingerprint: Option<String>,
+    known_servers: Option<PathBuf>,
+) -> PyResult<Security> {
+    Ok(match (encrypt, server_fingerprint, known_servers) {
+        (false, None, None) => Security::Clear,
+        (false, _, _) => {
+            return Err(PyValueError::new_err(
+                "encrypt=False checks no server key: drop server_fingerprint and known_servers",
+            ))
+        }
+        (true, Some(f), _) => {
+            let fp: Fingerprint = f
+                .parse()
+                .map_err(|e| PyValueError::new_err(format!("{e}")))?;
+            Security::Tls(Trust::Pinned(fp))
+        }
+        (true, None, Some(file)) => Security::Tls(Trust::KnownServers(KnownServers::at(file))),
+        (true, None, None) => Security::default(),
+    })
 }
 
 /// A name from the library's serde vocabulary (`"push"`, `"fair"`, …).
@@ -164,6 +197,9 @@ struct Options {
     tune: String,
     policy: String,
     mptcp: bool,
+    encrypt: bool,
+    server_fingerprint: Option<String>,
+    known_servers: Option<PathBuf>,
 }
 
 /// A transfer's options, where the rest of its settings come from, and what the caller fixed
@@ -199,6 +235,7 @@ impl Options {
             pace: self.pace.map_or(d.pace, |bits| PaceChoice::Fixed(bits / 8)),
             policy: named("policy", &self.policy)?,
             mptcp: self.mptcp,
+            security: security(self.encrypt, self.server_fingerprint, self.known_servers)?,
             ..d
         };
         opts.validate().map_err(raise)?;
@@ -356,7 +393,7 @@ fn bench_memory(
 /// with `save`, keeps the profile for later copies to this server (as `hsxfer probe` does).
 /// Returns the report as JSON with `profile`, the saved file (or null).
 #[pyfunction]
-#[pyo3(signature = (host, *, port, token_file=None, budget=10.0, direction="push", policy="fair", save=true))]
+#[pyo3(signature = (host, *, port, token_file=None, budget=10.0, direction="push", policy="fair", save=true, encrypt=true, server_fingerprint=None, known_servers=None))]
 #[allow(clippy::too_many_arguments)] // the Python keywords, one by one
 fn probe(
     py: Python<'_>,
@@ -367,6 +404,9 @@ fn probe(
     direction: &str,
     policy: &str,
     save: bool,
+    encrypt: bool,
+    server_fingerprint: Option<String>,
+    known_servers: Option<PathBuf>,
 ) -> PyResult<String> {
     if !(0.0..=86_400.0).contains(&budget) {
         return Err(PyValueError::new_err(format!(
@@ -376,6 +416,7 @@ fn probe(
     let opts = ProbeOptions {
         port,
         auth: auth(token_file)?,
+        security: security(encrypt, server_fingerprint, known_servers)?,
         budget: Duration::from_secs_f64(budget),
         direction: named("direction", direction)?,
         policy: named("policy", policy)?,
@@ -397,6 +438,7 @@ fn probe(
 #[pyclass(module = "hsxfer._native", name = "Server")]
 struct ServerHandle {
     address: SocketAddr,
+    fingerprint: String,
     stop: Mutex<Option<oneshot::Sender<()>>>,
     task: Mutex<Option<JoinHandle<hsxfer::Result<()>>>>,
 }
@@ -405,7 +447,8 @@ struct ServerHandle {
 impl ServerHandle {
     /// Binds `listen`:`port` (port 0: a free one) and starts serving `root`.
     #[new]
-    #[pyo3(signature = (root, *, token_file=None, listen="127.0.0.1", port=0, mptcp=false))]
+    #[pyo3(signature = (root, *, token_file=None, listen="127.0.0.1", port=0, mptcp=false, key_file=None, allow_clear=false))]
+    #[allow(clippy::too_many_arguments)] // the Python keywords, one by one
     fn new(
         py: Python<'_>,
         root: PathBuf,
@@ -413,6 +456,8 @@ impl ServerHandle {
         listen: &str,
         port: u16,
         mptcp: bool,
+        key_file: Option<PathBuf>,
+        allow_clear: bool,
     ) -> PyResult<Self> {
         let ip: IpAddr = listen.parse().map_err(|_| {
             PyValueError::new_err(format!("listen address {listen:?} is not an IP address"))
@@ -421,9 +466,14 @@ impl ServerHandle {
         if let Some(t) = token_file {
             builder = builder.token_file(t);
         }
+        if let Some(k) = key_file {
+            builder = builder.key_file(k);
+        }
+        builder = builder.allow_clear(allow_clear);
         let rt = runtime();
         let server = py.detach(|| rt.block_on(builder.bind()).map_err(raise))?;
         let address = server.local_addr();
+        let fingerprint = server.fingerprint().to_string();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = rt.spawn(async move {
             tokio::select! {
@@ -433,6 +483,7 @@ impl ServerHandle {
         });
         Ok(ServerHandle {
             address,
+            fingerprint,
             stop: Mutex::new(Some(stop)),
             task: Mutex::new(Some(task)),
         })
@@ -442,6 +493,12 @@ impl ServerHandle {
     #[getter]
     fn port(&self) -> u16 {
         self.address.port()
+    }
+
+    /// The fingerprint of its TLS key, which clients pin (`SHA256:...`).
+    #[getter]
+    fn fingerprint(&self) -> String {
+        self.fingerprint.clone()
     }
 
     /// The address it listens on, as `IP:PORT`.

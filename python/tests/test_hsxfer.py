@@ -39,8 +39,10 @@ def tree_digests(top):
 
 @pytest.fixture(autouse=True)
 def own_profiles(tmp_path, monkeypatch):
-    """Path profiles go to a directory of the test's own, not the user's cache."""
+    """Path profiles, server keys and known servers go to directories of the test's own, not
+    the user's."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     return tmp_path / "cache" / "hsxfer" / "profiles"
 
 
@@ -248,3 +250,29 @@ def test_mptcp_channels_when_both_ends_ask(tmp_path):
     assert r["transport"] == "mptcp"
     assert r["verified"]
     assert digest(root / "data.bin") == digest(src)
+
+
+def test_copies_are_encrypted_and_the_server_key_is_checked(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    src = tmp_path / "f"
+    random_file(src, 1 << 20)
+    with hsxfer.Server(root, allow_clear=True) as server:
+        r = hsxfer.push(src, "127.0.0.1:a", port=server.port, channels=2)
+        assert r["encrypted"] and r["cipher_suite"] == "TLS13_AES_128_GCM_SHA256", r
+        known = (tmp_path / "config" / "hsxfer" / "known_servers").read_text()
+        assert known == f"127.0.0.1:{server.port} {server.fingerprint}\n"
+        pinned = hsxfer.push(src, "127.0.0.1:b", port=server.port,
+                             server_fingerprint=server.fingerprint)
+        assert pinned["encrypted"]
+        clear = hsxfer.push(src, "127.0.0.1:c", port=server.port, encrypt=False)
+        assert not clear["encrypted"] and clear["cipher_suite"] is None
+        with hsxfer.Server(tmp_path / "root", key_file=tmp_path / "other.pem") as other:
+            assert other.fingerprint != server.fingerprint
+            with pytest.raises(hsxfer.AuthError, match="presents the key"):
+                hsxfer.push(src, "127.0.0.1:d", port=server.port,
+                            server_fingerprint=other.fingerprint)
+        with pytest.raises(ValueError, match="not a server fingerprint"):
+            hsxfer.push(src, "127.0.0.1:e", port=server.port, server_fingerprint="MD5:00")
+    for name in "abc":
+        assert digest(root / name) == digest(src)

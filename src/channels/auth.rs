@@ -6,8 +6,9 @@
 //!
 //! 1. server → client: [`ServerHello`] with a fresh 32-byte nonce (a new one per connection).
 //! 2. client → server: either [`Hello::Control`] with the client's nonce and
-//!    `MAC(token_key, "control" ‖ server_nonce ‖ client_nonce)`, or [`Hello::Join`] naming a
-//!    session and channel with `MAC(session_key, "join" ‖ server_nonce ‖ session ‖ channel)`.
+//!    `MAC(token_key, "control" ‖ server_nonce ‖ binding ‖ client_nonce)`, or [`Hello::Join`]
+//!    naming a session and channel with
+//!    `MAC(session_key, "join" ‖ server_nonce ‖ binding ‖ session ‖ channel)`.
 //! 3. server → client: [`Welcome`] (session id plus a MAC proving the server knows the token
 //!    too) or [`JOIN_OK`], or [`REFUSED`] and close.
 //!
@@ -15,10 +16,11 @@
 //! join or control hello cannot be replayed; a join for a session needs that session's key,
 //! which only a holder of the token who saw the control handshake can derive. `--no-auth`
 //! is the same protocol with an empty token: channels still prove which session they belong to.
-//! The handshake authenticates but does not encrypt: payloads are integrity-checked, not secret.
+//! `binding` is the connection's TLS exporter value ([`super::preface`]), all zeros in clear
+//! text. The handshake itself authenticates; secrecy comes from the TLS around it.
 
 /// Wire tag and version of the server's opening message.
-pub const SERVER_HELLO_TAG: [u8; 4] = *b"HXS2";
+pub const SERVER_HELLO_TAG: [u8; 4] = *b"HXS3";
 /// Tag of a client hello that opens a control connection.
 pub const CONTROL_TAG: [u8; 4] = *b"HXCC";
 /// Tag of a client hello that joins a data channel to a session.
@@ -88,6 +90,10 @@ fn mac(key: &[u8; 32], parts: &[&[u8]]) -> blake3::Hash {
 pub struct ServerHello {
     /// Fresh per connection; binds the client's answer to this connection.
     pub nonce: Nonce,
+    /// The connection's TLS exporter value, which every MAC also covers (channel binding,
+    /// [`super::preface`]); all zeros in clear text. Each end supplies its own: it is not
+    /// sent.
+    pub binding: [u8; 32],
 }
 
 impl ServerHello {
@@ -103,6 +109,7 @@ impl ServerHello {
     pub fn decode(b: &[u8; SERVER_HELLO_LEN]) -> Option<Self> {
         (b[..4] == SERVER_HELLO_TAG).then(|| ServerHello {
             nonce: b[4..].try_into().expect("32 bytes"),
+            binding: super::preface::NO_BINDING,
         })
     }
 }
@@ -131,7 +138,10 @@ pub enum Hello {
 impl Hello {
     /// The client hello opening a control connection.
     pub fn control(key: &TokenKey, server: &ServerHello, client_nonce: Nonce) -> Self {
-        let m = mac(&key.0, &[b"control", &server.nonce, &client_nonce]);
+        let m = mac(
+            &key.0,
+            &[b"control", &server.nonce, &server.binding, &client_nonce],
+        );
         Hello::Control {
             client_nonce,
             mac: *m.as_bytes(),
@@ -202,7 +212,13 @@ impl Hello {
 fn join_mac(key: &SessionKey, server: &ServerHello, session: &SessionId, ch: u16) -> blake3::Hash {
     mac(
         &key.0,
-        &[b"join", &server.nonce, session, &ch.to_le_bytes()],
+        &[
+            b"join",
+            &server.nonce,
+            &server.binding,
+            session,
+            &ch.to_le_bytes(),
+        ],
     )
 }
 
@@ -248,11 +264,23 @@ pub fn accept_control(
     else {
         return None;
     };
-    let want = mac(&key.0, &[b"control", &server.nonce, client_nonce]);
+    let want = mac(
+        &key.0,
+        &[b"control", &server.nonce, &server.binding, client_nonce],
+    );
     if want != blake3::Hash::from(*got) {
         return None;
     }
-    let proof = mac(&key.0, &[b"server", &server.nonce, client_nonce, &session]);
+    let proof = mac(
+        &key.0,
+        &[
+            b"server",
+            &server.nonce,
+            &server.binding,
+            client_nonce,
+            &session,
+        ],
+    );
     Some((
         Welcome {
             session,
@@ -271,7 +299,13 @@ pub fn verify_welcome(
 ) -> Option<SessionKey> {
     let want = mac(
         &key.0,
-        &[b"server", &server.nonce, client_nonce, &welcome.session],
+        &[
+            b"server",
+            &server.nonce,
+            &server.binding,
+            client_nonce,
+            &welcome.session,
+        ],
     );
     (want == blake3::Hash::from(welcome.mac))
         .then(|| session_key(key, server, client_nonce, &welcome.session))
@@ -283,7 +317,13 @@ fn session_key(
     cn: &Nonce,
     session: &SessionId,
 ) -> SessionKey {
-    SessionKey(*mac(&key.0, &[b"session", &server.nonce, cn, session]).as_bytes())
+    SessionKey(
+        *mac(
+            &key.0,
+            &[b"session", &server.nonce, &server.binding, cn, session],
+        )
+        .as_bytes(),
+    )
 }
 
 /// Server side: true when a join hello carries a valid MAC for this connection's nonce.
@@ -307,7 +347,10 @@ mod tests {
             TokenKey::from_token(client_token),
             TokenKey::from_token(server_token),
         );
-        let sh = ServerHello { nonce: [1; 32] };
+        let sh = ServerHello {
+            nonce: [1; 32],
+            binding: [0; 32],
+        };
         let hello = Hello::control(&ck, &sh, [2; 32]);
         let wire = hello.encode();
         let back = Hello::decode(wire[..4].try_into().unwrap(), &wire[4..]).unwrap();
@@ -316,6 +359,14 @@ mod tests {
         let welcome = Welcome::decode(&welcome.encode()).unwrap();
         let client_key = verify_welcome(&ck, &sh, &[2; 32], &welcome)?;
         Some((client_key, server_key))
+    }
+
+    #[test]
+    fn a_clear_text_refusal_takes_the_place_of_a_hello() {
+        use crate::channels::preface::{CLEAR_REFUSED_LEN, CLEAR_REFUSED_TAG};
+        assert_eq!(CLEAR_REFUSED_LEN, SERVER_HELLO_LEN);
+        assert_ne!(CLEAR_REFUSED_TAG, SERVER_HELLO_TAG);
+        assert_ne!(CLEAR_REFUSED_TAG, crate::channels::busy::BUSY_TAG);
     }
 
     #[test]
@@ -332,11 +383,26 @@ mod tests {
     #[test]
     fn join_is_bound_to_the_connection_nonce_and_channel() {
         let (c, s) = handshake(b"t", b"t").unwrap();
-        let sh = ServerHello { nonce: [5; 32] };
+        let sh = ServerHello {
+            nonce: [5; 32],
+            binding: [0; 32],
+        };
         let join = Hello::join(&c, &sh, [9; 16], 3);
         assert!(verify_join(&s, &sh, &join));
         // Replayed on a new connection (new nonce): refused.
-        assert!(!verify_join(&s, &ServerHello { nonce: [6; 32] }, &join));
+        let other = ServerHello {
+            nonce: [6; 32],
+            ..sh
+        };
+        assert!(!verify_join(&s, &other, &join));
+        let relayed = ServerHello {
+            binding: [1; 32],
+            ..sh
+        };
+        assert!(
+            !verify_join(&s, &relayed, &join),
+            "bound to the TLS connection"
+        );
         // Channel number altered: refused.
         let Hello::Join { session, mac, .. } = join else {
             unreachable!()

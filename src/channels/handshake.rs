@@ -35,6 +35,7 @@ use super::auth::{
     SERVER_HELLO_LEN, SERVER_HELLO_TAG, WELCOME_LEN, WELCOME_TAG,
 };
 use super::busy::{Busy, BUSY_TAG};
+use super::preface::{CLEAR_REFUSED_TAG, NO_BINDING};
 
 /// Why a handshake ended without a session or channel.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -68,6 +69,9 @@ pub enum HandshakeError {
     /// The client's hello is not one this server knows.
     #[error("the client's hello is not an hsxfer hello of this version")]
     UnknownHello,
+    /// The client asked for clear text and the server allows only TLS.
+    #[error("the server allows only encrypted connections")]
+    ClearRefused,
 }
 
 /// What a finished client handshake established.
@@ -113,6 +117,7 @@ enum ClientStep {
 /// ([`ClientHandshake::control`]) or a data channel ([`ClientHandshake::join`]).
 pub struct ClientHandshake {
     goal: Goal,
+    binding: [u8; 32],
     step: ClientStep,
     buf: Vec<u8>,
     out: Vec<u8>,
@@ -134,9 +139,17 @@ impl ClientHandshake {
         })
     }
 
+    /// Binds every MAC to the connection's TLS exporter value ([`super::preface`]); without
+    /// this the binding is all zeros (clear text).
+    pub fn bound(mut self, binding: [u8; 32]) -> Self {
+        self.binding = binding;
+        self
+    }
+
     fn new(goal: Goal) -> Self {
         ClientHandshake {
             goal,
+            binding: NO_BINDING,
             step: ClientStep::ServerHello,
             buf: Vec::new(),
             out: Vec::new(),
@@ -201,7 +214,11 @@ impl Stepped for ClientHandshake {
                 if let Some(busy) = Busy::decode(b) {
                     return Err(HandshakeError::Busy(busy));
                 }
-                let sh = server_hello(b)?;
+                if b[..4] == CLEAR_REFUSED_TAG {
+                    return Err(HandshakeError::ClearRefused);
+                }
+                let mut sh = server_hello(b)?;
+                sh.binding = self.binding;
                 let hello = match &self.goal {
                     Goal::Control { key, nonce } => Hello::control(key, &sh, *nonce),
                     Goal::Join {
@@ -306,7 +323,10 @@ pub struct ServerHandshake {
 impl ServerHandshake {
     /// Starts a connection with a fresh random `nonce`; its hello is the first output.
     pub fn new(nonce: Nonce) -> Self {
-        let hello = ServerHello { nonce };
+        let hello = ServerHello {
+            nonce,
+            binding: NO_BINDING,
+        };
         ServerHandshake {
             hello,
             step: ServerStep::Tag,
@@ -314,6 +334,13 @@ impl ServerHandshake {
             out: hello.encode().to_vec(),
             welcome: None,
         }
+    }
+
+    /// Binds every MAC to the connection's TLS exporter value, as
+    /// [`ClientHandshake::bound`] does.
+    pub fn bound(mut self, binding: [u8; 32]) -> Self {
+        self.hello.binding = binding;
+        self
     }
 
     /// How many more bytes of the client's hello are needed; 0 once it is complete.
@@ -587,15 +614,48 @@ mod tests {
     }
 
     #[test]
+    fn a_handshake_relayed_between_tls_connections_is_refused() {
+        let key = TokenKey::from_token(b"t");
+        let mut s = ServerHandshake::new([1; 32]).bound([3; 32]);
+        let mut c = ClientHandshake::control(key.clone(), [2; 32]).bound([4; 32]);
+        pump(&mut c, &mut s, 64).unwrap();
+        assert_eq!(
+            s.accept_control(&key, [7; 16]).err(),
+            Some(HandshakeError::AuthRefused)
+        );
+
+        let mut s = ServerHandshake::new([1; 32]).bound([3; 32]);
+        let mut c = ClientHandshake::control(key.clone(), [2; 32]).bound([3; 32]);
+        pump(&mut c, &mut s, 64).unwrap();
+        assert!(
+            s.accept_control(&key, [7; 16]).is_ok(),
+            "the same connection"
+        );
+    }
+
+    #[test]
+    fn a_clear_text_refusal_is_its_own_error() {
+        let mut c = ClientHandshake::control(TokenKey::from_token(b"t"), [2; 32]);
+        assert_eq!(
+            c.handle(&crate::channels::preface::clear_refused()),
+            Err(HandshakeError::ClearRefused)
+        );
+    }
+
+    #[test]
     fn another_version_is_told_from_another_protocol() {
-        let mut old = ServerHello { nonce: [0; 32] }.encode();
-        old[3] = b'1';
+        let mut old = ServerHello {
+            nonce: [0; 32],
+            binding: NO_BINDING,
+        }
+        .encode();
+        old[3] = b'2';
         let mut c = ClientHandshake::control(TokenKey::from_token(b"t"), [2; 32]);
         assert_eq!(
             c.handle(&old),
             Err(HandshakeError::OtherVersion {
-                ours: '2',
-                theirs: '1'
+                ours: '3',
+                theirs: '2'
             })
         );
         let mut c = ClientHandshake::control(TokenKey::from_token(b"t"), [2; 32]);

@@ -7,6 +7,7 @@
 //! - [`busy`]: the server's answer to a connection past one of its caps.
 //! - [`checks`]: bounds checks of a client's request.
 //! - [`opening`]: the control phase (pings, facts, request, acceptance) as state machines.
+//! - [`preface`]: how a connection opens (TLS or clear text) and the channel binding.
 //! - [`auth`]: the messages and MACs that authenticate control connections and data channels.
 //! - [`handshake`]: the client's and the server's handshake as state machines.
 //! - [`manifest`]: the file list and path rules.
@@ -28,6 +29,7 @@ pub mod limits;
 pub mod manifest;
 pub mod oneshot;
 pub mod opening;
+pub mod preface;
 pub mod receiver;
 pub mod sender;
 pub mod telemetry;

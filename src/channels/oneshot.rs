@@ -1,16 +1,18 @@
 //! The line a one-shot server (`hsxfer serve --once --stdio`) prints on its standard output
-//! for the client that started it over SSH: the port it listens on and the one-time token
-//! of its single session. The SSH channel carries it, so only that client learns the token.
+//! for the client that started it over SSH: the port it listens on, the one-time token of
+//! its single session and the fingerprint of its TLS key (made for this run only). The SSH
+//! channel carries it, so only that client learns the token, and it learns the key from a
+//! channel SSH has already authenticated.
 //!
 //! ```text
-//! hsxfer-oneshot v1 port=PORT token=HEX
+//! hsxfer-oneshot v2 port=PORT token=HEX key=SHA256:BASE64
 //! ```
 
 use std::fmt;
 
 /// What every announcement starts with; a client skips other lines (a login shell's
 /// greetings) until it sees one.
-pub const PREFIX: &str = "hsxfer-oneshot v1 ";
+pub const PREFIX: &str = "hsxfer-oneshot v2 ";
 
 /// Fewest hex digits in a one-time token (128 bits), as for token files.
 pub const MIN_TOKEN_HEX: usize = 32;
@@ -22,7 +24,8 @@ pub const MIN_TOKEN_HEX: usize = 32;
 /// ```
 /// use hsxfer::channels::oneshot::Announcement;
 ///
-/// let a = Announcement { port: 40123, token: "ab".repeat(32) };
+/// let key = "SHA256:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU".to_string();
+/// let a = Announcement { port: 40123, token: "ab".repeat(32), key };
 /// let line = a.to_string();
 /// assert_eq!(Announcement::parse(&line), Ok(Some(a)));
 /// assert_eq!(Announcement::parse("Welcome to host!"), Ok(None));
@@ -33,6 +36,8 @@ pub struct Announcement {
     pub port: u16,
     /// The session's token, in hex.
     pub token: String,
+    /// The fingerprint of the server's TLS key (`SHA256:` and 43 base64 characters).
+    pub key: String,
 }
 
 /// Why a line that starts like an announcement is not one.
@@ -49,10 +54,12 @@ impl Announcement {
         };
         let mut port = None;
         let mut token = None;
+        let mut key = None;
         for field in rest.split(' ') {
             match field.split_once('=') {
                 Some(("port", p)) => port = p.parse::<u16>().ok().filter(|&p| p != 0),
                 Some(("token", t)) => token = Some(t),
+                Some(("key", k)) => key = Some(k),
                 _ => return Err(BadAnnouncement("unknown field")),
             }
         }
@@ -61,16 +68,27 @@ impl Announcement {
         if token.len() < MIN_TOKEN_HEX || !token.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(BadAnnouncement("token too short or not hex"));
         }
+        let key = key.ok_or(BadAnnouncement("no key"))?;
+        let b64 = |b: u8| b.is_ascii_alphanumeric() || b == b'+' || b == b'/';
+        match key.strip_prefix("SHA256:") {
+            Some(k) if k.len() == 43 && k.bytes().all(b64) => {}
+            _ => return Err(BadAnnouncement("key is not a SHA256 fingerprint")),
+        }
         Ok(Some(Announcement {
             port,
             token: token.to_string(),
+            key: key.to_string(),
         }))
     }
 }
 
 impl fmt::Display for Announcement {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{PREFIX}port={} token={}", self.port, self.token)
+        write!(
+            f,
+            "{PREFIX}port={} token={} key={}",
+            self.port, self.token, self.key
+        )
     }
 }
 
@@ -81,20 +99,24 @@ mod tests {
     #[test]
     fn malformed_announcements_are_errors_and_other_lines_are_skipped() {
         let t = "0f".repeat(16);
+        let k = "key=SHA256:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU";
         assert_eq!(Announcement::parse(""), Ok(None));
-        assert_eq!(Announcement::parse("hsxfer-oneshot v2 port=1"), Ok(None));
+        assert_eq!(Announcement::parse("hsxfer-oneshot v1 port=1"), Ok(None));
         for bad in [
-            format!("{PREFIX}port=0 token={t}"),
-            format!("{PREFIX}port=70000 token={t}"),
-            format!("{PREFIX}token={t}"),
-            format!("{PREFIX}port=5"),
-            format!("{PREFIX}port=5 token=abc"),
-            format!("{PREFIX}port=5 token={}", "zz".repeat(16)),
-            format!("{PREFIX}port=5 token={t} extra"),
+            format!("{PREFIX}port=0 token={t} {k}"),
+            format!("{PREFIX}port=70000 token={t} {k}"),
+            format!("{PREFIX}token={t} {k}"),
+            format!("{PREFIX}port=5 {k}"),
+            format!("{PREFIX}port=5 token=abc {k}"),
+            format!("{PREFIX}port=5 token={} {k}", "zz".repeat(16)),
+            format!("{PREFIX}port=5 token={t} {k} extra"),
+            format!("{PREFIX}port=5 token={t}"),
+            format!("{PREFIX}port=5 token={t} key=SHA256:short"),
+            format!("{PREFIX}port=5 token={t} key=MD5:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU"),
         ] {
             assert!(Announcement::parse(&bad).is_err(), "{bad}");
         }
-        let ok = Announcement::parse(&format!("{PREFIX}port=5 token={t}\r\n"));
+        let ok = Announcement::parse(&format!("{PREFIX}port=5 token={t} {k}\r\n"));
         assert_eq!(ok.unwrap().unwrap().port, 5);
     }
 }

@@ -23,7 +23,11 @@ use clap::{Args, Parser, Subcommand};
 use hsxfer::channels::control::Policy;
 use hsxfer::channels::oneshot::Announcement;
 use hsxfer::probe::{Direction as ProfileDirection, Fixed};
+use hsxfer::session::secure::{Security, Trust};
 use hsxfer::session::ssh::{OneShot, SshLaunch};
+use hsxfer::transport::tls::{
+    default_key_path, Fingerprint, KnownServers, ServerIdentity, ServerTls,
+};
 use hsxfer::tuning::bdp::BufferChoice;
 use hsxfer::tuning::desync::{PaceChoice, StaggerChoice};
 use hsxfer::{
@@ -105,6 +109,38 @@ impl AuthArgs {
     }
 }
 
+/// A client's encryption and which server keys it accepts.
+#[derive(Args)]
+pub(crate) struct SecurityArgs {
+    /// Clear text instead of TLS 1.3: still authenticated, but anyone on the path can read
+    /// the data. The server must allow it too (`serve --no-encrypt`).
+    #[arg(long, conflicts_with_all = ["server_fingerprint", "known_servers"])]
+    no_encrypt: bool,
+    /// Accept only the server key with this fingerprint (as `hsxfer serve` prints it)
+    /// instead of the known-servers file.
+    #[arg(long, value_name = "SHA256:...")]
+    server_fingerprint: Option<Fingerprint>,
+    /// The known-servers file: a server met for the first time is recorded there, a server
+    /// whose key changed is refused (default: ~/.config/hsxfer/known_servers).
+    #[arg(long, value_name = "FILE")]
+    known_servers: Option<PathBuf>,
+}
+
+impl SecurityArgs {
+    pub(crate) fn security(&self) -> Security {
+        match (
+            self.no_encrypt,
+            self.server_fingerprint,
+            &self.known_servers,
+        ) {
+            (true, _, _) => Security::Clear,
+            (false, Some(fp), _) => Security::Tls(Trust::Pinned(fp)),
+            (false, None, Some(file)) => Security::Tls(Trust::KnownServers(KnownServers::at(file))),
+            (false, None, None) => Security::default(),
+        }
+    }
+}
+
 /// Test-only fault injection (hidden from help; `testing` feature).
 #[cfg(feature = "testing")]
 #[derive(Args)]
@@ -165,6 +201,14 @@ struct ServeArgs {
     /// --port are announced to clients for extra subflows (removed again at exit).
     #[arg(long)]
     mptcp: bool,
+    /// The server's TLS key, made there on first start (default:
+    /// ~/.config/hsxfer/server-key.pem). Its fingerprint is printed at start.
+    #[arg(long, value_name = "FILE", conflicts_with = "stdio")]
+    key_file: Option<PathBuf>,
+    /// Also serve clients that ask for clear text (`copy --no-encrypt`), for trusted
+    /// networks; TLS clients are served either way.
+    #[arg(long)]
+    no_encrypt: bool,
     #[command(flatten)]
     auth: AuthArgs,
     #[cfg(feature = "testing")]
@@ -231,6 +275,8 @@ struct TransferArgs {
     json: bool,
     #[command(flatten)]
     auth: AuthArgs,
+    #[command(flatten)]
+    security: SecurityArgs,
     #[cfg(feature = "testing")]
     #[command(flatten)]
     faults: FaultArgs,
@@ -268,6 +314,11 @@ impl TransferArgs {
             pace: self.pace,
             interval: self.interval,
             mptcp: self.mptcp,
+            // A one-shot server's key came over SSH: pin it.
+            security: match remote {
+                Some(r) => Security::Tls(Trust::Pinned(r.key)),
+                None => self.security.security(),
+            },
             #[cfg(feature = "testing")]
             faults: self.faults.faults(),
         };
@@ -511,7 +562,25 @@ async fn serve(a: ServeArgs) -> anyhow::Result<bool> {
         IpAddr::from([0, 0, 0, 0])
     });
     let port = a.port.unwrap_or(if a.stdio { 0 } else { DEFAULT_PORT });
+    let identity = match (a.stdio, a.key_file.clone().or_else(default_key_path)) {
+        // A one-shot server's key lives as long as it does; its client learns it over SSH.
+        (true, _) => ServerIdentity::generate()?,
+        (false, Some(path)) => {
+            let (id, new) = ServerIdentity::load_or_create(&path)?;
+            let made = if new { "made" } else { "from" };
+            tracing::info!(
+                "server key {} ({made} {})",
+                id.fingerprint(),
+                path.display()
+            );
+            id
+        }
+        (false, None) => bail!(
+            "no place for the server's key: set HOME or XDG_CONFIG_HOME, or give --key-file FILE"
+        ),
+    };
     let server = Server::bind(ServerConfig {
+        tls: ServerTls::new(&identity, a.no_encrypt),
         root: root.clone(),
         listen: SocketAddr::new(ip, port),
         auth,
@@ -536,6 +605,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<bool> {
     let line = Announcement {
         port: server.local_addr().port(),
         token,
+        key: identity.fingerprint().to_string(),
     };
     println!("{line}");
     std::io::stdout().flush()?;

@@ -37,6 +37,8 @@ pub struct ProbeArgs {
     json: bool,
     #[command(flatten)]
     auth: AuthArgs,
+    #[command(flatten)]
+    security: super::SecurityArgs,
     /// The server (name, IPv4 address or [IPv6]).
     host: String,
 }
@@ -95,6 +97,7 @@ pub async fn run(a: ProbeArgs) -> anyhow::Result<bool> {
         &ProbeOptions {
             port: a.port,
             auth: a.auth.auth()?,
+            security: a.security.security(),
             budget: a.budget,
             direction: a.direction,
             policy: a.policy,

@@ -3,12 +3,14 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use super::admission::ServerLimits;
 use super::client::{Client, PathRate, TransferOptions, Tune};
 use super::server::{Server, ServerConfig};
 use super::{token, Auth, DEFAULT_PORT};
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::transport::tls::{default_key_path, ServerIdentity, ServerTls};
 
 /// Builds a [`Client`]; see [`Client::builder`].
 #[derive(Debug, Clone)]
@@ -118,6 +120,9 @@ pub struct ServerBuilder {
     token_file: Option<PathBuf>,
     limits: ServerLimits,
     mptcp: bool,
+    key_file: Option<PathBuf>,
+    identity: Option<Arc<ServerIdentity>>,
+    allow_clear: bool,
 }
 
 impl Server {
@@ -147,6 +152,9 @@ impl Server {
             token_file: None,
             limits: ServerLimits::default(),
             mptcp: false,
+            key_file: None,
+            identity: None,
+            allow_clear: false,
         }
     }
 }
@@ -182,13 +190,42 @@ impl ServerBuilder {
         self
     }
 
-    /// Reads the token file (refusing one inside the root), checks the configuration and
-    /// binds the port.
+    /// Keeps the server's TLS key in `path` (made there on first start) instead of
+    /// `server-key.pem` in hsxfer's configuration directory.
+    pub fn key_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.key_file = Some(path.into());
+        self
+    }
+
+    /// Uses this key, kept in memory only (a one-shot server's, say).
+    pub fn identity(mut self, identity: Arc<ServerIdentity>) -> Self {
+        self.identity = Some(identity);
+        self
+    }
+
+    /// Also serves clients that ask for clear text (`--no-encrypt`); TLS clients are served
+    /// either way. Off by default.
+    pub fn allow_clear(mut self, on: bool) -> Self {
+        self.allow_clear = on;
+        self
+    }
+
+    /// Reads the token file (refusing one inside the root) and the TLS key (made on first
+    /// start), checks the configuration and binds the port.
     pub async fn bind(self) -> Result<Server> {
         if let Some(t) = &self.token_file {
             token::check_outside(t, &self.root)?;
         }
+        let identity = match (self.identity, self.key_file.or_else(default_key_path)) {
+            (Some(id), _) => id,
+            (None, Some(path)) => Arc::new(ServerIdentity::load_or_create(&path)?.0),
+            (None, None) => return Err(Error::Usage(
+                "no place for the server's key: set HOME or XDG_CONFIG_HOME, or give a key file"
+                    .into(),
+            )),
+        };
         Server::bind(ServerConfig {
+            tls: ServerTls::new(&identity, self.allow_clear),
             root: self.root,
             listen: SocketAddr::new(self.listen, self.port),
             auth: Auth::from_optional_token_file(self.token_file.as_deref())?,

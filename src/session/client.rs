@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::watch;
@@ -18,6 +17,7 @@ use super::handshake;
 use super::receiver::{ReceiveEngine, Sink};
 use super::report::{LiveStats, SideOutcome, TransferReport, TuningReport};
 use super::sampler::SendingSide;
+use super::secure::{open_control, OpenedControl, Security};
 use super::sender::SendEngine;
 use super::source::{BenchLimit, SendSource};
 use super::tuning::{
@@ -38,6 +38,7 @@ use crate::transport::cc::privileged;
 use crate::transport::mptcp::{self, Limits, LimitsSet, MAX_EXTRA_SUBFLOWS};
 use crate::transport::route;
 use crate::transport::tcp_info::tcp_info;
+use crate::transport::tls::{ReadPart, Stream, WritePart};
 use crate::transport::{SocketOptions, Transport};
 use crate::tuning::bdp::{self, BufferChoice, BufferRequest};
 use crate::tuning::defaults;
@@ -112,6 +113,8 @@ pub struct TransferOptions {
     /// `transport` and `subflows` say what ran. MPTCP sockets cannot be paced yet, so
     /// pacing is off.
     pub mptcp: bool,
+    /// TLS (the default) or clear text, and which server keys are accepted.
+    pub security: Security,
     /// Deliberate damage, for tests of the integrity path (`testing` feature).
     #[cfg(feature = "testing")]
     pub faults: FaultInjection,
@@ -146,6 +149,7 @@ impl Default for TransferOptions {
             pace: PaceChoice::Auto,
             interval: Duration::from_secs(1),
             mptcp: false,
+            security: Security::default(),
             #[cfg(feature = "testing")]
             faults: FaultInjection::default(),
         }
@@ -233,9 +237,11 @@ pub struct Client {
 }
 
 struct Opened {
-    ctrl_r: ControlReader<OwnedReadHalf>,
-    ctrl_w: ControlWriter<OwnedWriteHalf>,
-    channels: Vec<TcpStream>,
+    ctrl_r: ControlReader<ReadPart>,
+    ctrl_w: ControlWriter<WritePart>,
+    /// The TLS cipher suite of the session's connections; `None` in clear text.
+    cipher_suite: Option<String>,
+    channels: Vec<Stream>,
     stagger: Vec<Duration>,
     tuning: TuningReport,
     /// What the data channels run as.
@@ -287,7 +293,8 @@ impl Client {
     /// RTT, asked on a control connection of its own that then closes.
     pub async fn server_facts(&self) -> Result<(HostFacts, Duration)> {
         let addrs = self.resolve().await?;
-        let (addr, mut ctrl) = self.connect_control(&addrs).await?;
+        let (addr, opened) = self.connect_control(&addrs).await?;
+        let mut ctrl = opened.stream;
         let peer = addr.to_string();
         let (_, skey) = handshake::client_control(&mut ctrl, &self.opts.auth.key(), &peer).await?;
         let (mut r, mut w) = control_pair(ctrl, &skey, WireSide::Client);
@@ -413,7 +420,14 @@ impl Client {
         if let Some(r) = side.sampler.stop() {
             live.telemetry.set_tuner(r);
         }
-        Ok(self.report(name, live, out?, start, o.tuning, (o.transport, o.subflows)))
+        Ok(self.report(
+            name,
+            live,
+            out?,
+            start,
+            o.tuning,
+            (o.transport, o.subflows, o.cipher_suite),
+        ))
     }
 
     async fn receive(
@@ -440,7 +454,14 @@ impl Client {
         }
         .run()
         .await?;
-        Ok(self.report(name, live, out, start, o.tuning, (o.transport, o.subflows)))
+        Ok(self.report(
+            name,
+            live,
+            out,
+            start,
+            o.tuning,
+            (o.transport, o.subflows, o.cipher_suite),
+        ))
     }
 
     fn report(
@@ -450,11 +471,13 @@ impl Client {
         out: SideOutcome,
         t: Instant,
         tuning: TuningReport,
-        (transport, subflows): (Transport, Option<u16>),
+        (transport, subflows, cipher_suite): (Transport, Option<u16>, Option<String>),
     ) -> TransferReport {
         TransferReport {
             transport,
             subflows,
+            encrypted: cipher_suite.is_some(),
+            cipher_suite,
             ..TransferReport::new(name, live, out, self.opts.block_size, t.elapsed(), tuning)
         }
     }
@@ -510,7 +533,7 @@ impl Client {
     }
 
     /// MPTCP when every data channel runs it; asked for but refused on some, a note says so.
-    fn transport_of(&self, channels: &[TcpStream], notes: &mut Vec<String>) -> Transport {
+    fn transport_of(&self, channels: &[Stream], notes: &mut Vec<String>) -> Transport {
         if !self.opts.mptcp {
             return Transport::Tcp;
         }
@@ -561,18 +584,24 @@ impl Client {
             check_congestion(&t, "client")?;
         }
         let addrs = self.resolve().await?;
-        let (addr, mut ctrl) = self.connect_control(&addrs).await?;
+        let (addr, opened) = self.connect_control(&addrs).await?;
+        let OpenedControl {
+            stream: mut ctrl,
+            opener,
+            note: key_note,
+        } = opened;
         let peer = addr.to_string();
         let (session, skey) =
             handshake::client_control(&mut ctrl, &self.opts.auth.key(), &peer).await?;
+        let cipher_suite = ctrl.cipher_suite();
+        let link_speed = interface_speed(ctrl.tcp());
         let (mut ctrl_r, mut ctrl_w) = control_pair(ctrl, &skey, WireSide::Client);
         let mut opening = ClientOpening::new();
         let rtt = match self.opts.rtt {
             Some(rtt) => rtt,
             None => measure_rtt(&mut opening, &mut ctrl_r, &mut ctrl_w).await?,
         };
-        let ctrl: &TcpStream = ctrl_r.get_ref().as_ref();
-        let mss = tcp_info(ctrl).map(|t| t.mss).unwrap_or(0);
+        let mss = tcp_info(ctrl_r.get_ref()).map(|t| t.mss).unwrap_or(0);
         let goodput = match self.opts.rate {
             PathRate::Given(wire) => Some(bdp::goodput_rate(wire, mss)),
             PathRate::Measured(g) => Some(g),
@@ -581,7 +610,7 @@ impl Client {
         let (rate, rate_source) = match self.opts.rate {
             PathRate::Given(r) => (Some(r), "given"),
             PathRate::Measured(r) => (Some(r), "measured"),
-            PathRate::Unknown => match interface_speed(ctrl) {
+            PathRate::Unknown => match link_speed {
                 Some(r) => (Some(r), "interface"),
                 None => (None, "unknown"),
             },
@@ -617,7 +646,7 @@ impl Client {
             rate_bps: rate,
             rate_source: rate_source.into(),
             buffer: describe_buffer(tuning.buffer),
-            notes: plan.notes.clone(),
+            notes: plan.notes.iter().cloned().chain(key_note).collect(),
             origin: self.opts.origin.clone(),
             online: None,
         };
@@ -635,14 +664,19 @@ impl Client {
         let (accepted_tx, accepted_rx) = watch::channel(false);
         let mut joins = JoinSet::new();
         for ch in 0..n {
-            let (opts, key, peer) = (
+            let (opts, key, peer, opener) = (
                 plan.options[ch as usize].clone(),
                 skey.clone(),
                 peer.clone(),
+                opener.clone(),
             );
             let mut accepted = accepted_rx.clone();
             joins.spawn(async move {
-                let mut s = timed_connect(addr, &opts).await?;
+                let tcp = timed_connect(addr, &opts).await?;
+                let mut s = opener
+                    .open(tcp, &peer)
+                    .await
+                    .map_err(super::secure::plain)?;
                 if accepted.wait_for(|a| *a).await.is_err() {
                     return Err(Error::PeerVanished);
                 }
@@ -660,7 +694,7 @@ impl Client {
             channels.push(j.map_err(Error::task("connecting a data channel"))??);
         }
         channels.sort_by_key(|c| c.0);
-        let channels: Vec<TcpStream> = channels.into_iter().map(|c| c.1).collect();
+        let channels: Vec<Stream> = channels.into_iter().map(|c| c.1).collect();
         let transport = self.transport_of(&channels, &mut report.notes);
         report.notes.extend(mptcp_notes);
         let subflows = match transport {
@@ -694,10 +728,12 @@ impl Client {
             key: skey,
             peer,
             plan: plan.clone(),
+            opener,
         };
         Ok(Opened {
             ctrl_r,
             ctrl_w,
+            cipher_suite,
             channels,
             stagger,
             tuning: report,
@@ -757,7 +793,9 @@ impl Client {
         }
     }
 
-    async fn connect_control(&self, addrs: &[SocketAddr]) -> Result<(SocketAddr, TcpStream)> {
+    /// Connects the control connection to the first address that answers and opens it as
+    /// the options' [`Security`] says.
+    async fn connect_control(&self, addrs: &[SocketAddr]) -> Result<(SocketAddr, OpenedControl)> {
         let ctl_opts = SocketOptions {
             nodelay: true,
             ..Default::default()
@@ -765,11 +803,25 @@ impl Client {
         let mut last_err = None;
         for a in addrs {
             match timed_connect(*a, &ctl_opts).await {
-                Ok(s) => return Ok((*a, s)),
+                Ok(s) => {
+                    let opened =
+                        open_control(&self.opts.security, &self.server_name(), s, &a.to_string())
+                            .await?;
+                    return Ok((*a, opened));
+                }
                 Err(e) => last_err = Some(e),
             }
         }
         Err(last_err.expect("at least one address was tried"))
+    }
+
+    /// The server as the known-servers file names it: `HOST:PORT` as given (IPv6 addresses
+    /// in brackets).
+    fn server_name(&self) -> String {
+        match self.host.contains(':') {
+            true => format!("[{}]:{}", self.host, self.opts.port),
+            false => format!("{}:{}", self.host, self.opts.port),
+        }
     }
 }
 
@@ -785,15 +837,15 @@ fn interface_speed(ctrl: &TcpStream) -> Option<u64> {
 /// connection's `TCP_INFO` minimum RTT if lower (it excludes the peers' scheduling delay).
 async fn measure_rtt(
     opening: &mut ClientOpening,
-    r: &mut ControlReader<OwnedReadHalf>,
-    w: &mut ControlWriter<OwnedWriteHalf>,
+    r: &mut ControlReader<ReadPart>,
+    w: &mut ControlWriter<WritePart>,
 ) -> Result<Duration> {
     for _ in 0..PINGS {
         w.send(&opening.ping(Instant::now())).await?;
         opening.on_message(r.expect().await?, Instant::now())?;
     }
     let mut best = opening.best_rtt().expect("pings were answered");
-    if let Ok(info) = tcp_info(r.get_ref().as_ref()) {
+    if let Ok(info) = tcp_info(r.get_ref()) {
         if info.min_rtt_us > 0 {
             best = best.min(Duration::from_micros(info.min_rtt_us as u64));
         }
@@ -805,7 +857,7 @@ async fn measure_rtt(
 /// has: `want`, or as many as joined by then. The server's path manager announces its ports
 /// one at a time, each after the previous one was acknowledged, so the k-th extra subflow
 /// joins about k round trips in: the wait is `want` + 2 RTTs (at least 200 ms, at most 5 s).
-async fn wait_for_subflows(channels: &[TcpStream], want: u16, rtt: Duration) -> u16 {
+async fn wait_for_subflows(channels: &[Stream], want: u16, rtt: Duration) -> u16 {
     let count = || channels.iter().filter_map(mptcp::subflows).sum::<u16>();
     let wait = rtt * (want as u32 + 2);
     let until = Instant::now() + wait.clamp(Duration::from_millis(200), Duration::from_secs(5));

@@ -16,6 +16,9 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
+use super::handshake::Opener;
+use crate::transport::tls::Stream;
+
 use super::tuning::LocalPlan;
 use crate::channels::auth::{SessionId, SessionKey};
 use crate::channels::control::Message;
@@ -23,7 +26,7 @@ use crate::error::{Error, Result};
 use crate::transport::{self, SocketOptions};
 
 /// A data channel that joined: its index and its stream.
-pub type Joined = (u16, TcpStream);
+pub type Joined = (u16, Stream);
 
 /// Reserves join slots on the server for `count` more channels; returns the first index, or
 /// `None` when the session may not have more.
@@ -31,7 +34,7 @@ pub type Reserve = Arc<dyn Fn(u16) -> Option<u16> + Send + Sync>;
 
 /// Prepares a channel that joined during the session before it carries data: its socket
 /// options and telemetry.
-pub type Setup = Box<dyn Fn(usize, &TcpStream) -> Result<()> + Send + Sync>;
+pub type Setup = Box<dyn Fn(usize, &Stream) -> Result<()> + Send + Sync>;
 
 /// How this end gets more channels.
 pub enum Joiner {
@@ -54,13 +57,21 @@ pub struct Connector {
     pub peer: String,
     /// This end's plan: the options of each channel's socket.
     pub plan: Arc<LocalPlan>,
+    /// How each channel's connection opens (TLS with the control connection's key, or
+    /// clear text).
+    pub opener: Opener,
 }
 
 impl Connector {
     /// Connects channel `index` and joins it to the session.
-    pub async fn join(&self, index: u16) -> Result<TcpStream> {
+    pub async fn join(&self, index: u16) -> Result<Stream> {
         let opts = self.plan.for_channel(index as usize);
-        let mut s = timed_connect(self.addr, &opts).await?;
+        let tcp = timed_connect(self.addr, &opts).await?;
+        let mut s = self
+            .opener
+            .open(tcp, &self.peer)
+            .await
+            .map_err(super::secure::plain)?;
         super::handshake::client_join(&mut s, &self.key, self.session, index, &self.peer).await?;
         Ok(s)
     }

@@ -1,5 +1,7 @@
-//! The handshake over a socket: moves bytes between a [`TcpStream`] and the state machines of
-//! [`crate::channels::handshake`], with timeouts so a silent peer cannot hold a connection.
+//! The handshake over a socket: opens each connection in TLS or clear text
+//! ([`crate::channels::preface`]), then moves bytes between the [`Stream`] and the state
+//! machines of [`crate::channels::handshake`], with timeouts so a silent peer cannot hold a
+//! connection.
 
 use std::time::Duration;
 
@@ -9,8 +11,10 @@ use tokio::net::TcpStream;
 use crate::channels::auth::{SessionId, SessionKey, TokenKey, SERVER_HELLO_TAG};
 use crate::channels::busy::Busy;
 use crate::channels::handshake::{ClientHandshake, HandshakeError, Outcome, ServerHandshake};
+use crate::channels::preface::{self, Opening, CLEAR_PREFACE};
 use crate::channels::ProtocolError;
 use crate::error::{Error, Result};
+use crate::transport::tls::{ClientTls, ConnectError, ServerTls, Stream};
 
 /// How long either side waits for a handshake step.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -24,15 +28,89 @@ async fn timed<T>(
         .map_err(|_| Error::Timeout("waiting for the peer's handshake"))
 }
 
-async fn read_exact_timed(s: &mut TcpStream, buf: &mut [u8]) -> Result<()> {
+async fn read_exact_timed(s: &mut Stream, buf: &mut [u8]) -> Result<()> {
     timed(s.read_exact(buf))
         .await?
         .map(drop)
         .map_err(|_| Error::PeerVanished)
 }
 
-async fn write(s: &mut TcpStream, b: &[u8]) -> Result<()> {
-    s.write_all(b).await.map_err(|_| Error::PeerVanished)
+/// Writes and flushes: inside TLS, bytes written stay in the session until flushed.
+async fn write(s: &mut Stream, b: &[u8]) -> Result<()> {
+    s.write_all(b).await.map_err(|_| Error::PeerVanished)?;
+    s.flush().await.map_err(|_| Error::PeerVanished)
+}
+
+/// How a client opens its connections to one server: in TLS, accepting the keys its
+/// [`ClientTls`] accepts, or in clear text (`--no-encrypt`).
+#[derive(Clone, Debug)]
+pub enum Opener {
+    /// TLS 1.3.
+    Tls(ClientTls),
+    /// Clear text, the server permitting.
+    Clear,
+}
+
+impl Opener {
+    /// Opens a TCP connection to `peer` for the handshake: the TLS handshake, or the
+    /// clear-text preface. A server that answers a TLS client in clear text (busy, an older
+    /// hsxfer) is reported as such; a key other than the accepted one is
+    /// [`ConnectError::WrongKey`] for the caller to explain.
+    pub async fn open(&self, mut tcp: TcpStream, peer: &str) -> Result<Stream, OpenError> {
+        let tls = match self {
+            Opener::Clear => {
+                tcp.write_all(&CLEAR_PREFACE)
+                    .await
+                    .map_err(|_| Error::PeerVanished)?;
+                return Ok(Stream::clear(tcp));
+            }
+            Opener::Tls(tls) => tls,
+        };
+        let ip = tcp
+            .peer_addr()
+            .map_err(Error::io("the server's address"))?
+            .ip();
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.connect(tcp, ip)).await {
+            Err(_) => Err(Error::Timeout("waiting for the server's TLS handshake").into()),
+            Ok(Ok(s)) => Ok(s),
+            Ok(Err(ConnectError::WrongKey { seen })) => Err(OpenError::WrongKey(seen)),
+            Ok(Err(ConnectError::Clear(first))) => Err(clear_answer(&first, peer).into()),
+            Ok(Err(ConnectError::Io(source))) => Err(Error::Tls {
+                peer: peer.to_string(),
+                source,
+            }
+            .into()),
+        }
+    }
+}
+
+/// Why a connection could not be opened.
+#[derive(Debug)]
+pub enum OpenError {
+    /// The server presented this key, which the opener does not accept.
+    WrongKey(crate::transport::tls::Fingerprint),
+    /// Anything else.
+    Other(Error),
+}
+
+impl From<Error> for OpenError {
+    fn from(e: Error) -> Self {
+        OpenError::Other(e)
+    }
+}
+
+/// What a server's clear-text answer to a TLS client means: a busy answer, an older hsxfer's
+/// hello, or not hsxfer at all.
+fn clear_answer(first: &[u8], peer: &str) -> Error {
+    let mut m = ClientHandshake::control(TokenKey::from_token(b""), [0; 32]);
+    let len = first.len().min(m.wants());
+    match m.handle(&first[..len]) {
+        Err(e @ (HandshakeError::Busy(_) | HandshakeError::OtherVersion { .. })) => {
+            client_error(e, peer)
+        }
+        // Our own version's hello in clear text would be a server that does not do TLS.
+        _ => Error::NotHsxfer(peer.into()),
+    }
 }
 
 /// The library's error for a client handshake that failed, naming the server.
@@ -54,13 +132,15 @@ fn client_error(e: HandshakeError, peer: &str) -> Error {
         HandshakeError::JoinRefused(ch) => {
             Error::Refused(format!("data channel {ch} was not admitted"))
         }
+        HandshakeError::ClearRefused => Error::ClearRefused(peer),
     }
 }
 
 /// Runs a client machine to its end. A connection that closes or stays silent before the
 /// server's hello is not an hsxfer server; one that closes after our control hello refused
 /// the token.
-async fn drive(s: &mut TcpStream, mut m: ClientHandshake, peer: &str) -> Result<Outcome> {
+async fn drive(s: &mut Stream, m: ClientHandshake, peer: &str) -> Result<Outcome> {
+    let mut m = m.bound(s.binding());
     let mut buf = Vec::new();
     loop {
         let out = m.take_output();
@@ -84,7 +164,7 @@ async fn drive(s: &mut TcpStream, mut m: ClientHandshake, peer: &str) -> Result<
 
 /// Client: authenticates a control connection; returns the session id and key.
 pub async fn client_control(
-    s: &mut TcpStream,
+    s: &mut Stream,
     key: &TokenKey,
     peer: &str,
 ) -> Result<(SessionId, SessionKey)> {
@@ -102,7 +182,7 @@ pub async fn client_control(
 
 /// Client: joins a data channel to a session.
 pub async fn client_join(
-    s: &mut TcpStream,
+    s: &mut Stream,
     key: &SessionKey,
     session: SessionId,
     channel: u16,
@@ -117,27 +197,68 @@ pub async fn client_join(
     Ok(())
 }
 
-/// Server: sends a fresh hello and reads the client's, leaving the machine ready for the
-/// server's answer. `None` when the peer closed the connection without a word: a client that
-/// connected a data channel early and gave up when its request was refused, or a port check.
-pub async fn server_accept(s: &mut TcpStream) -> Result<Option<ServerHandshake>> {
-    let mut m = ServerHandshake::new(rand::random());
-    write(s, &m.take_output()).await?;
-    let mut buf = vec![0; m.wants()];
-    // The first read tells a peer that closes (or resets, our unread hello in its buffer)
-    // before its first byte from one that speaks.
-    let first = match timed(s.read(&mut buf)).await? {
+/// Server: opens an accepted connection by its first byte, the TLS handshake or clear text
+/// after its preface if `tls` allows it (else the refusal, and an error), and sends a fresh
+/// hello: in TLS with the handshake's last flight. Returns the connection and the machine,
+/// ready for [`server_accept`]. `None` when the peer closed the connection without a word: a
+/// client that connected a data channel early and gave up when its request was refused, or a
+/// port check.
+pub async fn server_open(
+    tcp: TcpStream,
+    tls: &ServerTls,
+) -> Result<Option<(Stream, ServerHandshake)>> {
+    let mut first = [0u8; 1];
+    // Peeking tells a peer that closes (or resets) before its first byte from one that
+    // speaks, and leaves a ClientHello whole for TLS.
+    match timed(tcp.peek(&mut first)).await? {
         Ok(0) => return Ok(None),
-        Ok(n) => n,
+        Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(None),
         Err(_) => return Err(Error::PeerVanished),
-    };
-    read_exact_timed(s, &mut buf[first..]).await?;
+    }
+    let mut m = ServerHandshake::new(rand::random());
+    let hello = m.take_output();
+    match preface::classify(first[0]) {
+        Opening::Tls => match timed(tls.accept(tcp, &hello)).await? {
+            Ok(s) => {
+                let m = m.bound(s.binding());
+                Ok(Some((s, m)))
+            }
+            Err(e) => Err(Error::Malformed(format!("TLS handshake: {e}"))),
+        },
+        Opening::Clear => {
+            let mut s = Stream::clear(tcp);
+            let mut got = [0u8; CLEAR_PREFACE.len()];
+            read_exact_timed(&mut s, &mut got).await?;
+            if got != CLEAR_PREFACE {
+                return Err(Error::Malformed("not an hsxfer client".into()));
+            }
+            if !tls.allow_clear {
+                let _ = write(&mut s, &preface::clear_refused()).await;
+                let _ = s.shutdown().await;
+                return Err(Error::Refused(
+                    "a client asked for clear text; this server allows only TLS (`serve \
+                     --no-encrypt` allows both)"
+                        .into(),
+                ));
+            }
+            write(&mut s, &hello).await?;
+            Ok(Some((s, m)))
+        }
+        Opening::Unknown => Err(Error::Malformed("not an hsxfer client".into())),
+    }
+}
+
+/// Server: reads the client's hello, leaving the machine of [`server_open`] ready for the
+/// server's answer.
+pub async fn server_accept(s: &mut Stream, mut m: ServerHandshake) -> Result<ServerHandshake> {
+    let mut buf = vec![0; m.wants()];
+    read_exact_timed(s, &mut buf).await?;
     loop {
         m.handle(&buf)
             .map_err(|e| Error::Malformed(e.to_string()))?;
         if m.wants() == 0 {
-            return Ok(Some(m));
+            return Ok(m);
         }
         buf.resize(m.wants(), 0);
         read_exact_timed(s, &mut buf).await?;
@@ -145,19 +266,20 @@ pub async fn server_accept(s: &mut TcpStream) -> Result<Option<ServerHandshake>>
 }
 
 /// Server: writes the machine's answer (a welcome or an admission).
-pub async fn answer(s: &mut TcpStream, m: &mut ServerHandshake) -> Result<()> {
+pub async fn answer(s: &mut Stream, m: &mut ServerHandshake) -> Result<()> {
     write(s, &m.take_output()).await
 }
 
 /// Server: writes the machine's last answer (a refusal, or busy at the session cap) and
 /// closes.
-pub async fn close_with(mut s: TcpStream, m: &mut ServerHandshake) {
-    let _ = s.write_all(&m.take_output()).await;
+pub async fn close_with(mut s: Stream, m: &mut ServerHandshake) {
+    let _ = write(&mut s, &m.take_output()).await;
     let _ = s.shutdown().await;
 }
 
 /// Server: turns a connection away at one of its caps and closes. The answer is one small
-/// write to a fresh socket, so it never waits for the peer.
+/// clear-text write to a fresh socket, so it never waits for the peer; a TLS client reads it
+/// in place of the server's TLS handshake ([`Opener::open`]).
 pub fn turn_away(s: TcpStream, busy: Busy) {
     let _ = s.try_write(&busy.encode());
 }

@@ -15,6 +15,7 @@ pub mod probe;
 pub mod receiver;
 pub mod report;
 pub mod sampler;
+pub mod secure;
 pub mod sender;
 pub mod server;
 pub mod settle;

@@ -21,6 +21,7 @@ use serde::Serialize;
 
 use super::client::{BenchAmount, Client, PathRate, TransferOptions, Tune};
 use super::report::{LiveStats, TransferReport};
+use super::secure::Security;
 use super::tuning::host_facts;
 use super::Auth;
 use crate::channels::control::{BenchDirection, HostFacts, Policy};
@@ -43,6 +44,8 @@ pub struct ProbeOptions {
     pub port: u16,
     /// Authentication.
     pub auth: Auth,
+    /// TLS or clear text, and which server keys are accepted.
+    pub security: Security,
     /// How long the whole probe may take.
     pub budget: Duration,
     /// Which way data flows in the copies to tune.
@@ -261,6 +264,7 @@ pub async fn probe(
     let base = TransferOptions {
         port: opts.port,
         auth: opts.auth.clone(),
+        security: opts.security.clone(),
         policy: opts.policy,
         ..Default::default()
     };

@@ -7,9 +7,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use crate::transport::tls::Stream;
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
@@ -58,7 +58,7 @@ pub struct ReceiveEngine<R, W> {
     /// Control connection, write half.
     pub ctrl_w: ControlWriter<W>,
     /// Data channels, in index order.
-    pub channels: Vec<TcpStream>,
+    pub channels: Vec<Stream>,
     /// Where data goes.
     pub sink: Sink,
     /// Block size of the session.
@@ -118,7 +118,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         shared: &Arc<Mutex<Shared>>,
         events: &mpsc::UnboundedSender<(u32, Verdict)>,
         index: usize,
-        stream: TcpStream,
+        stream: Stream,
     ) -> ChannelReceiver {
         ChannelReceiver {
             index,
@@ -381,7 +381,7 @@ fn lock(s: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
 
 struct ChannelReceiver {
     index: usize,
-    stream: TcpStream,
+    stream: Stream,
     shared: Arc<Mutex<Shared>>,
     events: mpsc::UnboundedSender<(u32, Verdict)>,
     live: Arc<LiveStats>,

@@ -240,6 +240,13 @@ pub struct TransferReport {
     /// With MPTCP, the subflows of the data connection once they had joined: one per
     /// channel asked for, when both ends' path managers allowed them.
     pub subflows: Option<u16>,
+    /// True when the session's connections ran TLS 1.3; false in clear text
+    /// (`--no-encrypt`).
+    #[serde(default)]
+    pub encrypted: bool,
+    /// The TLS cipher suite, such as `TLS13_AES_128_GCM_SHA256`; none in clear text.
+    #[serde(default)]
+    pub cipher_suite: Option<String>,
     /// Path and transport settings.
     pub tuning: TuningReport,
     /// Segments retransmitted over all channels.
@@ -304,6 +311,8 @@ impl TransferReport {
             block_size,
             transport: Transport::Tcp,
             subflows: None,
+            encrypted: false,
+            cipher_suite: None,
             tuning,
             retransmits: latest
                 .iter()

@@ -71,7 +71,7 @@ impl SendingSide {
     pub fn start(
         live: Arc<LiveStats>,
         tuner: Option<OnlineTuner>,
-        channels: &[tokio::net::TcpStream],
+        channels: &[crate::transport::tls::Stream],
     ) -> crate::Result<SendingSide> {
         let gate = tuner
             .as_ref()

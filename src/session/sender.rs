@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::transport::tls::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
@@ -38,7 +38,7 @@ pub struct SendEngine<R, W> {
     /// Control connection, write half.
     pub ctrl_w: ControlWriter<W>,
     /// Data channels, in index order.
-    pub channels: Vec<TcpStream>,
+    pub channels: Vec<Stream>,
     /// Start offset of each channel (staggered starts); missing entries start at once.
     pub stagger: Vec<Duration>,
     /// Channels after the first wait until this turns true (while the online tuner's meter
@@ -69,7 +69,7 @@ struct Crew {
 }
 
 impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
-    fn channel(&self, crew: &Crew, index: usize, stream: TcpStream) -> ChannelSender {
+    fn channel(&self, crew: &Crew, index: usize, stream: Stream) -> ChannelSender {
         ChannelSender {
             index,
             start_at: tokio::time::Instant::now(),
@@ -222,7 +222,7 @@ struct ChannelSender {
     index: usize,
     start_at: tokio::time::Instant,
     gate: Option<watch::Receiver<bool>>,
-    stream: TcpStream,
+    stream: Stream,
     jobs: async_channel::Receiver<Job>,
     reader: BlockReader,
     hashed: mpsc::UnboundedSender<Hashed>,

@@ -36,6 +36,7 @@ use crate::fsio::root::Scope;
 use crate::fsio::source::SourceTree;
 use crate::session::client::bench_limit;
 use crate::transport::mptcp::{SignalEndpoints, MAX_EXTRA_SUBFLOWS};
+use crate::transport::tls::{ServerTls, Stream};
 use crate::transport::{self, SocketOptions};
 
 /// How long a server waits for all data channels of a session to join.
@@ -60,6 +61,8 @@ pub struct ServerConfig {
     /// Listen with Multipath TCP, so MPTCP clients get MPTCP channels (plain TCP clients are
     /// served as before).
     pub mptcp: bool,
+    /// TLS: the server's key, and whether clients may ask for clear text.
+    pub tls: ServerTls,
 }
 
 impl ServerConfig {
@@ -76,7 +79,7 @@ struct Pending {
     key: SessionKey,
     /// One slot per channel the session may have: true once that channel joined.
     joined: Vec<bool>,
-    tx: mpsc::UnboundedSender<(u16, TcpStream)>,
+    tx: mpsc::UnboundedSender<(u16, Stream)>,
 }
 
 impl State {
@@ -113,6 +116,7 @@ impl Drop for Slots {
 struct State {
     scope: Scope,
     key: TokenKey,
+    tls: ServerTls,
     faults: FaultInjection,
     admission: Admission,
     pending: Mutex<HashMap<SessionId, Pending>>,
@@ -165,12 +169,18 @@ impl Server {
             state: Arc::new(State {
                 scope,
                 key: cfg.auth.key(),
+                tls: cfg.tls.clone(),
                 faults: cfg.faults(),
                 admission: Admission::new(cfg.limits),
                 pending: Mutex::new(HashMap::new()),
                 transfer_ended: Notify::new(),
             }),
         })
+    }
+
+    /// The fingerprint of the server's TLS key, which clients pin.
+    pub fn fingerprint(&self) -> crate::transport::tls::Fingerprint {
+        self.state.tls.fingerprint()
     }
 
     /// The bound address (useful with port 0).
@@ -250,15 +260,22 @@ fn subflow_ports(addr: SocketAddr) -> Option<SignalEndpoints> {
 /// `handshaking` counts it), then runs its session or hands it to its session as a channel.
 async fn connection(
     state: Arc<State>,
-    mut s: TcpStream,
+    tcp: TcpStream,
     peer: SocketAddr,
     handshaking: Ticket,
 ) -> Result<()> {
     let limits = state.admission.limits();
-    let accepted = tokio::time::timeout(limits.handshake_timeout, handshake::server_accept(&mut s))
+    let handshake = async {
+        let Some((mut s, m)) = handshake::server_open(tcp, &state.tls).await? else {
+            return Ok(None);
+        };
+        let m = handshake::server_accept(&mut s, m).await?;
+        Ok::<_, Error>(Some((s, m)))
+    };
+    let accepted = tokio::time::timeout(limits.handshake_timeout, handshake)
         .await
         .map_err(|_| Error::Timeout("waiting for the peer's handshake"))??;
-    let Some(mut m) = accepted else {
+    let Some((mut s, mut m)) = accepted else {
         tracing::debug!("{peer}: closed before its hello");
         return Ok(());
     };
@@ -283,7 +300,7 @@ async fn connection(
             };
             m.welcome();
             handshake::answer(&mut s, &mut m).await?;
-            s.set_nodelay(true).ok();
+            s.tcp().set_nodelay(true).ok();
             let out = control(state, s, peer, session, skey).await;
             drop(counted);
             out
@@ -317,7 +334,7 @@ async fn connection(
 
 async fn control(
     state: Arc<State>,
-    ctrl: TcpStream,
+    ctrl: Stream,
     peer: SocketAddr,
     session: SessionId,
     key: SessionKey,
@@ -386,7 +403,7 @@ async fn control(
     };
     w.send(&opening.accept(n, plan.notes.clone())).await?;
     let deadline = Instant::now() + JOIN_TIMEOUT;
-    let mut channels: Vec<(u16, TcpStream)> = Vec::with_capacity(n as usize);
+    let mut channels: Vec<(u16, Stream)> = Vec::with_capacity(n as usize);
     while channels.len() < n as usize {
         match tokio::time::timeout_at(deadline.into(), rx.recv()).await {
             Ok(Some(c)) => channels.push(c),
@@ -399,7 +416,7 @@ async fn control(
         return Err(e);
     }
     channels.sort_by_key(|c| c.0);
-    let channels: Vec<TcpStream> = channels.into_iter().map(|c| c.1).collect();
+    let channels: Vec<Stream> = channels.into_iter().map(|c| c.1).collect();
     let live = Arc::new(LiveStats::new(channels.len()));
     if let Err(e) = apply_plan(&channels, &plan, &req, &role, &live) {
         w.abort(&e).await;
@@ -471,7 +488,7 @@ async fn control(
 /// makes each run the congestion control asked for, records the settings in force and
 /// starts keeping a trace if the client wants one.
 fn apply_plan(
-    channels: &[TcpStream],
+    channels: &[Stream],
     plan: &LocalPlan,
     req: &Request,
     role: &Role,
@@ -500,12 +517,12 @@ fn apply_plan(
 /// telemetry and the channel's start offset) makes it run the congestion control asked for
 /// and records the settings in force.
 fn configure(
-    c: &TcpStream,
+    c: &Stream,
     i: usize,
     opts: &SocketOptions,
     sending: Option<(&LiveStats, Duration)>,
 ) -> Result<()> {
-    c.set_nodelay(false).ok();
+    c.tcp().set_nodelay(false).ok();
     // The congestion control last, after the dmctcp tag, and only if the route's differs:
     // under `congctl lock` even setting the algorithm in force fails.
     let others = SocketOptions {
@@ -525,8 +542,8 @@ fn configure(
 /// Growth of a server's session: it admits the client's joins into reserved slots.
 fn growth(
     reserve: Reserve,
-    deliver: mpsc::UnboundedSender<(u16, TcpStream)>,
-    joined: mpsc::UnboundedReceiver<(u16, TcpStream)>,
+    deliver: mpsc::UnboundedSender<(u16, Stream)>,
+    joined: mpsc::UnboundedReceiver<(u16, Stream)>,
     setup: Setup,
     requests: Option<mpsc::UnboundedReceiver<u16>>,
 ) -> Growth {

@@ -98,6 +98,7 @@ pub async fn settle(
             &ProbeOptions {
                 port: opts.port,
                 auth: opts.auth.clone(),
+                security: opts.security.clone(),
                 budget: PROBE_BUDGET,
                 direction,
                 policy: opts.policy,

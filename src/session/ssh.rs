@@ -14,6 +14,7 @@ use tokio::process::{Child, ChildStdin, Command};
 use super::Auth;
 use crate::channels::oneshot::Announcement;
 use crate::error::{Error, Result};
+use crate::transport::tls::{BadFingerprint, Fingerprint};
 
 /// How long the client waits for the announcement (SSH may ask for a password first).
 const START_TIMEOUT: Duration = Duration::from_secs(120);
@@ -54,6 +55,8 @@ pub struct OneShot {
     pub port: u16,
     /// The one-time token of its session.
     pub auth: Auth,
+    /// The fingerprint of its TLS key, which the copy pins.
+    pub key: Fingerprint,
     child: Child,
     /// Held open for the whole copy: the remote server exits when it closes.
     stdin: Option<ChildStdin>,
@@ -141,8 +144,13 @@ impl SshLaunch {
             )));
         };
         let stdin = child.stdin.take();
+        let key = a
+            .key
+            .parse()
+            .map_err(|e: BadFingerprint| Error::Ssh(e.to_string()))?;
         Ok(OneShot {
             port: a.port,
+            key,
             auth: Auth::Token(a.token.into_bytes()),
             child,
             stdin,
@@ -205,6 +213,7 @@ mod tests {
         let line = Announcement {
             port: 4242,
             token: "ab".repeat(32),
+            key: "SHA256:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU".into(),
         };
         let script = format!("echo motd; echo '{line}'; cat >/dev/null");
         let launch = SshLaunch {

@@ -6,7 +6,7 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpStream;
+use crate::transport::tls::Stream;
 
 use crate::channels::control::{HostFacts, Policy, Tuning};
 use crate::channels::telemetry::ChannelSetup;
@@ -257,7 +257,7 @@ pub fn read_setup(
 /// When the route locks its own (`congctl lock`), the transfer stops before any data moves,
 /// with an error naming the route (`host`: this end, "client" or "server").
 pub fn enforce_congestion(
-    sock: &TcpStream,
+    sock: &Stream,
     index: usize,
     opts: &SocketOptions,
     host: &'static str,
@@ -271,6 +271,7 @@ pub fn enforce_congestion(
         Err(cc::MatchError::Read(e)) => Err(Error::io(ctx())(e)),
         Err(cc::MatchError::NotInForce(mismatch)) => {
             let peer = sock
+                .tcp()
                 .peer_addr()
                 .map_err(Error::io(ctx()))?
                 .ip()

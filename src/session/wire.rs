@@ -6,15 +6,13 @@ use std::time::Duration;
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
-
 use crate::channels::auth::SessionKey;
 use crate::channels::control::{FrameSeal, Message, Way};
 use crate::channels::frame::{BlockCheck, BlockHeader, DigestKey, HEADER_LEN, PIECE, TRAILER_LEN};
 use crate::channels::Digest;
 use crate::error::{Error, Result};
 use crate::fsio::root::Scope;
+use crate::transport::tls::{ReadPart, Stream, WritePart};
 
 /// How long an end that aborted a session before any data moved waits for the peer to close
 /// the control connection.
@@ -33,10 +31,10 @@ fn closed(e: io::Error) -> Error {
 /// The two halves of an authenticated control connection, each checking or sealing its
 /// direction's frames with the session key ([`crate::channels::control::FrameSeal`]).
 pub fn control_pair(
-    stream: TcpStream,
+    stream: Stream,
     key: &SessionKey,
     we_are: Side,
-) -> (ControlReader<OwnedReadHalf>, ControlWriter<OwnedWriteHalf>) {
+) -> (ControlReader<ReadPart>, ControlWriter<WritePart>) {
     let (incoming, outgoing) = match we_are {
         Side::Client => (Way::ToClient, Way::ToServer),
         Side::Server => (Way::ToServer, Way::ToClient),
@@ -143,7 +141,9 @@ impl<W: AsyncWrite + Unpin> ControlWriter<W> {
     /// Sends one message.
     pub async fn send(&mut self, m: &Message) -> Result<()> {
         let frame = self.seal.seal(m);
-        self.inner.write_all(&frame).await.map_err(closed)
+        self.inner.write_all(&frame).await.map_err(closed)?;
+        // Inside TLS the frame waits in the session until flushed.
+        self.inner.flush().await.map_err(closed)
     }
 
     /// Sends an abort notice, ignoring failures (the peer may already be gone).
@@ -264,6 +264,8 @@ pub async fn write_block<W: AsyncWrite + Unpin>(
     let digest = truth.finish();
     let trailer = sent.map_or(digest, |s| s.finish());
     w.write_all(&trailer.0).await.map_err(closed)?;
+    // Inside TLS the last record waits in the session until flushed.
+    w.flush().await.map_err(closed)?;
     Ok(digest)
 }
 

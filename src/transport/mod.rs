@@ -7,6 +7,7 @@ pub mod mptcp;
 pub mod route;
 pub mod tcp;
 pub mod tcp_info;
+pub mod tls;
 
 pub use tcp::{connect, keep_alive, listen, set_max_pacing_rate, SocketOptions};
 

@@ -12,20 +12,51 @@ use std::sync::Arc;
 
 pub mod netns;
 
+use hsxfer::session::handshake::Opener;
+use hsxfer::transport::tls::{default_key_path, ClientTls, ServerIdentity, ServerTls, Stream};
 use hsxfer::{
     Auth, Client, FaultInjection, LiveStats, Server, ServerConfig, ServerLimits, TransferOptions,
 };
 use rand::{RngCore, SeedableRng};
 
-/// Points every hsxfer process this test binary starts at a cache directory of its own, so
-/// that no saved path profile (of the machine's user, or of another test binary) changes
-/// what a test runs.
+/// Points every hsxfer process this test binary starts at a cache and a configuration
+/// directory of its own, so that no saved path profile, server key or known-servers entry (of
+/// the machine's user, or of another test binary) changes what a test runs. Every server of
+/// the binary then has the one key in that directory, so a port reused by another server is
+/// not a changed key.
 pub fn isolate_profiles() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let dir = std::env::temp_dir().join(format!("hsxfer-test-cache-{}", std::process::id()));
-        std::env::set_var("XDG_CACHE_HOME", dir);
+        let id = std::process::id();
+        let tmp = std::env::temp_dir();
+        std::env::set_var(
+            "XDG_CACHE_HOME",
+            tmp.join(format!("hsxfer-test-cache-{id}")),
+        );
+        std::env::set_var(
+            "XDG_CONFIG_HOME",
+            tmp.join(format!("hsxfer-test-config-{id}")),
+        );
     });
+}
+
+/// The TLS configuration of this test binary's in-process servers: its one key, and clear
+/// text allowed or not.
+pub fn server_tls(allow_clear: bool) -> ServerTls {
+    isolate_profiles();
+    let path = default_key_path().expect("XDG_CONFIG_HOME is set");
+    let (id, _) = ServerIdentity::load_or_create(&path).expect("a server key");
+    ServerTls::new(&id, allow_clear)
+}
+
+/// Opens a connection to a server the way clients do, in TLS (any key), ready for the
+/// handshake.
+pub async fn open(addr: SocketAddr) -> Stream {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    Opener::Tls(ClientTls::new(None))
+        .open(tcp, "test")
+        .await
+        .expect("a TLS connection")
 }
 
 /// Starts a server on an ephemeral loopback port, serving `root`.
@@ -40,16 +71,29 @@ pub async fn server_with(
     faults: FaultInjection,
     limits: ServerLimits,
 ) -> SocketAddr {
-    let s = Server::bind(ServerConfig {
+    serve(ServerConfig {
+        limits,
+        ..config(root, auth, faults, false)
+    })
+    .await
+}
+
+/// A loopback server's configuration; `allow_clear` also serves clear-text clients.
+pub fn config(root: &Path, auth: Auth, faults: FaultInjection, allow_clear: bool) -> ServerConfig {
+    ServerConfig {
         root: root.to_path_buf(),
         listen: "127.0.0.1:0".parse().unwrap(),
         auth,
         faults,
-        limits,
+        limits: ServerLimits::default(),
         mptcp: false,
-    })
-    .await
-    .expect("server binds");
+        tls: server_tls(allow_clear),
+    }
+}
+
+/// Starts a server with this configuration; returns its address.
+pub async fn serve(cfg: ServerConfig) -> SocketAddr {
+    let s = Server::bind(cfg).await.expect("server binds");
     let addr = s.local_addr();
     tokio::spawn(s.run());
     addr
@@ -62,6 +106,7 @@ pub fn client(addr: SocketAddr, channels: u16) -> Client {
 
 /// A client with explicit auth and faults.
 pub fn client_with(addr: SocketAddr, channels: u16, auth: Auth, faults: FaultInjection) -> Client {
+    isolate_profiles();
     Client::new(
         &addr.ip().to_string(),
         TransferOptions {
