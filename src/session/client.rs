@@ -272,12 +272,6 @@ impl Opened {
     }
 }
 
-/// RTT probes sent on the control connection before the request. One suffices: the
-/// connection's `TCP_INFO` minimum RTT, which [`measure_rtt`] also takes, already holds the
-/// kernel's samples of the connect and the handshake, and each extra ping costs a round trip
-/// before any data moves (a second on a 250 ms path for four).
-const PINGS: u32 = 1;
-
 impl Client {
     /// A client for `host` (a name, an IPv4 address, or an IPv6 address with or without
     /// brackets).
@@ -833,24 +827,23 @@ fn interface_speed(ctrl: &TcpStream) -> Option<u64> {
     route::link_speed_bps(&name)
 }
 
-/// The path RTT: the fastest of a few ping exchanges on the control connection, or the
-/// connection's `TCP_INFO` minimum RTT if lower (it excludes the peers' scheduling delay).
+/// The path RTT: the control connection's `TCP_INFO` minimum RTT, which holds the kernel's
+/// samples of the connect, the TLS handshake and hsxfer's (and excludes the peers'
+/// scheduling delay). Only when the kernel has none does a ping on the control connection
+/// measure it: each ping is a round trip before any data moves.
 async fn measure_rtt(
     opening: &mut ClientOpening,
     r: &mut ControlReader<ReadPart>,
     w: &mut ControlWriter<WritePart>,
 ) -> Result<Duration> {
-    for _ in 0..PINGS {
-        w.send(&opening.ping(Instant::now())).await?;
-        opening.on_message(r.expect().await?, Instant::now())?;
-    }
-    let mut best = opening.best_rtt().expect("pings were answered");
     if let Ok(info) = tcp_info(r.get_ref()) {
         if info.min_rtt_us > 0 {
-            best = best.min(Duration::from_micros(info.min_rtt_us as u64));
+            return Ok(Duration::from_micros(info.min_rtt_us as u64));
         }
     }
-    Ok(best)
+    w.send(&opening.ping(Instant::now())).await?;
+    opening.on_message(r.expect().await?, Instant::now())?;
+    Ok(opening.best_rtt().expect("the ping was answered"))
 }
 
 /// Waits for the MPTCP connection's extra subflows to join and returns how many subflows it
