@@ -57,6 +57,10 @@ fn summary(out: &Output) -> serde_json::Value {
     serde_json::from_str(text.lines().last().expect("a summary")).unwrap()
 }
 
+fn tempdir() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
+}
+
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -111,11 +115,7 @@ fn an_encrypted_copy_shows_none_of_its_data_on_the_wire() {
         nix::unistd::geteuid().is_root(),
         "tcpdump needs root (CI runs as root)"
     );
-    let (src, root, keys) = (
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-    );
+    let (src, root, keys) = (tempdir(), tempdir(), tempdir());
     let marker = b"hsxfer-wire-marker-7f3a";
     let file = src.path().join("marked");
     fs::write(&file, marker.repeat(50_000)).unwrap();
@@ -160,11 +160,7 @@ fn an_encrypted_copy_shows_none_of_its_data_on_the_wire() {
 /// refused.
 #[test]
 fn a_server_key_is_recorded_then_a_changed_key_is_refused() {
-    let (src, root, keys) = (
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-    );
+    let (src, root, keys) = (tempdir(), tempdir(), tempdir());
     let file = src.path().join("f");
     random_file(&file, 100_000, 5);
     let known = keys.path().join("known_servers");
@@ -212,11 +208,7 @@ fn a_server_key_is_recorded_then_a_changed_key_is_refused() {
 /// in one line that says what to do, and writes nothing.
 #[test]
 fn clear_text_needs_both_ends_to_allow_it() {
-    let (src, root, keys) = (
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-    );
+    let (src, root, keys) = (tempdir(), tempdir(), tempdir());
     let file = src.path().join("f");
     random_file(&file, 10_000, 6);
     let port = free_port();
