@@ -56,7 +56,7 @@ pub enum Error {
     #[error("{0} is not an hsxfer server")]
     NotHsxfer(String),
     /// The client asked for clear text and the server allows only TLS.
-    #[error("server {0} accepts only encrypted connections: drop `--no-encrypt`, or start that server with `--no-encrypt` to allow clear text")]
+    #[error("server {0} accepts only encrypted connections: drop `Security::Clear`, or let that server allow clear text (`ServerBuilder::allow_clear`)")]
     ClearRefused(String),
     /// The server presented another key than the one this client knows for it.
     #[error("server {server} presents the key {seen}, but {expected}: if its key was replaced on purpose, {fix}; otherwise someone may be intercepting the connection")]

@@ -193,7 +193,7 @@ fn a_server_key_is_recorded_then_a_changed_key_is_refused() {
     let wrong = pin(fingerprint(&key_a));
     assert!(!wrong.status.success());
     assert!(
-        stderr(&wrong).contains("`--server-fingerprint` pins"),
+        stderr(&wrong).contains("--server-fingerprint pins"),
         "{}",
         stderr(&wrong)
     );

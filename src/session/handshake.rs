@@ -237,8 +237,8 @@ pub async fn server_open(
                 let _ = write(&mut s, &preface::clear_refused()).await;
                 let _ = s.shutdown().await;
                 return Err(Error::Refused(
-                    "a client asked for clear text; this server allows only TLS (`serve \
-                     --no-encrypt` allows both)"
+                    "a client asked for clear text; this server allows only TLS \
+                     (`ServerBuilder::allow_clear` allows both)"
                         .into(),
                 ));
             }

@@ -83,7 +83,7 @@ pub(crate) async fn open_control(
     let (pinned, expected, fix) = match trust {
         Trust::Pinned(fp) => (
             Some(*fp),
-            format!("`--server-fingerprint` pins {fp}"),
+            format!("`Trust::Pinned` pins {fp}"),
             "pin the new key".to_string(),
         ),
         Trust::KnownServers(file) => {

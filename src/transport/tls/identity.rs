@@ -76,6 +76,8 @@ pub struct ServerIdentity {
     cert: CertificateDer<'static>,
     key: PrivatePkcs8KeyDer<'static>,
     fingerprint: Fingerprint,
+    /// The key and certificate in PEM, as the key file holds them.
+    pem: String,
 }
 
 impl fmt::Debug for ServerIdentity {
@@ -133,6 +135,7 @@ impl ServerIdentity {
         Self::from_parts(
             cert.der().clone(),
             PrivatePkcs8KeyDer::from(key.serialize_der()),
+            key.serialize_pem() + &cert.pem(),
         )
         .map_err(|e| IdentityError::Generate(e.to_string()))
     }
@@ -140,12 +143,14 @@ impl ServerIdentity {
     fn from_parts(
         cert: CertificateDer<'static>,
         key: PrivatePkcs8KeyDer<'static>,
+        pem: String,
     ) -> Result<Self, webpki::Error> {
         let fingerprint = Fingerprint::of_certificate(&cert)?;
         Ok(ServerIdentity {
             cert,
             key,
             fingerprint,
+            pem,
         })
     }
 
@@ -173,7 +178,7 @@ impl ServerIdentity {
             .mode(0o600)
             .open(&tmp)
             .and_then(|mut f| {
-                f.write_all(id.to_pem().as_bytes())?;
+                f.write_all(id.pem.as_bytes())?;
                 f.sync_all()
             });
         let linked = written.and_then(|()| std::fs::hard_link(&tmp, path));
@@ -199,25 +204,8 @@ impl ServerIdentity {
             Ok(PrivateKeyDer::Pkcs8(k)) => k,
             _ => return Err(bad("no PKCS#8 private key")),
         };
-        Self::from_parts(cert, key).map_err(|e| bad(&format!("certificate unreadable ({e})")))
-    }
-
-    fn to_pem(&self) -> String {
-        let b64 = |der: &[u8]| {
-            let text = base64::engine::general_purpose::STANDARD.encode(der);
-            let lines: Vec<&str> = text
-                .as_bytes()
-                .chunks(64)
-                .map(|c| std::str::from_utf8(c).expect("base64 is ASCII"))
-                .collect();
-            lines.join("\n")
-        };
-        format!(
-            "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n\
-             -----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
-            b64(self.key.secret_pkcs8_der()),
-            b64(self.cert.as_ref())
-        )
+        let pem = String::from_utf8_lossy(pem).into_owned();
+        Self::from_parts(cert, key, pem).map_err(|e| bad(&format!("certificate unreadable ({e})")))
     }
 
     /// The fingerprint clients pin.
