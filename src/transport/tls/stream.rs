@@ -83,9 +83,10 @@ write_through_inner!(Tap);
 
 /// How many bytes a TLS connection reads from its socket at once. rustls alone reads at
 /// most one record (16 KiB, often 4 KiB) per call, so a socket read under it costs a system
-/// call per few KiB; reading through a buffer this large took encrypted loopback benches from
-/// 0.54 to 0.NN of clear text (docs/security.md).
-pub(super) const READ_AHEAD: usize = 256 << 10;
+/// call per few KiB. Reading through a buffer of 64 KiB took encrypted loopback benches from
+/// 0.54 to 0.58 of clear text (docs/benchmarks.md); 256 KiB did no better, and with 50
+/// clients at once raised the server's peak memory from 44 to 129 MiB.
+pub(super) const READ_AHEAD: usize = 64 << 10;
 
 /// The TCP stream under a client's TLS: read through a [`READ_AHEAD`] buffer, tapped.
 pub(super) type ClientIo = BufReader<Tap>;
