@@ -209,3 +209,42 @@ async fn fifty_clients_at_once_are_all_served_in_bounded_memory() {
     // once would be 400 MiB.
     assert!(peak_kib >> 10 <= 128, "{} MiB", peak_kib >> 10);
 }
+
+/// Four pushes of a 600-file tree at once into one server at `ulimit -n 1024`: each session
+/// may hold up to 256 unfinished files (a partial file and a journal each), together twice
+/// what the server may open. The server hands out open files from one budget, so the
+/// sessions take turns instead of failing with "Too many open files".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_large_trees_share_the_servers_descriptors() {
+    const CLIENTS: usize = 4;
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    // Three 4 KiB blocks per file, so each is journaled while it is received.
+    for i in 0..600 {
+        let d = src.join(format!("d{:02}", i % 10));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join(format!("f{i:04}")), vec![(i % 251) as u8; 9000 + i]).unwrap();
+    }
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let (_server, port) = limited_server(&root);
+    let pushes: Vec<_> = (0..CLIENTS)
+        .map(|i| {
+            let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_hsxfer"));
+            c.args(["copy", "--no-auth", "-r", "--block-size", "4K", "-n", "2"])
+                .args(["--port", &port.to_string()])
+                .arg(&src)
+                .arg(format!("127.0.0.1:t{i}"));
+            tokio::task::spawn_blocking(move || c.output().unwrap())
+        })
+        .collect();
+    for (i, p) in pushes.into_iter().enumerate() {
+        let out = p.await.unwrap();
+        assert!(
+            out.status.success(),
+            "push {i}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(snapshot(&src), snapshot(&root.join(format!("t{i}"))));
+    }
+}

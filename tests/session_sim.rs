@@ -580,7 +580,7 @@ impl Server {
                 self.completion
                     .announced(files.len() as u64, last)
                     .map_err(violation)?;
-                let mut plans = Vec::new();
+                let (mut plans, announced, mut received) = (Vec::new(), files.len() as u64, 0);
                 for (id, size) in files {
                     self.sizes.insert(id, size);
                     if disk
@@ -612,7 +612,7 @@ impl Server {
                         }
                     };
                     self.tracker.expect(id, size, &have);
-                    self.completion.planned(1);
+                    received += 1;
                     plans.push(FilePlan {
                         file: id,
                         action: PlanAction::Send {
@@ -620,6 +620,7 @@ impl Server {
                         },
                     });
                 }
+                self.completion.planned(announced, received);
                 self.send(link, &Message::Plan { files: plans });
             }
             Message::Sealed {

@@ -151,11 +151,16 @@ impl ReceiveTracker {
 }
 
 /// When a receiving session is done: the manifest's last piece arrived and every file it
-/// announced is committed or skipped. It also bounds how many files a sender may keep
-/// unfinished, since each holds descriptors on the receiver until committed.
+/// announced is planned, and then committed or skipped. It also bounds how many files a
+/// sender may keep unfinished, since each holds descriptors on the receiver until committed.
+/// A piece may wait for its plan (for room in a server's budget of open files); its files
+/// count as unfinished meanwhile.
 #[derive(Debug, Default)]
 pub struct Completion {
     manifest_done: bool,
+    /// Files of pieces announced and not planned yet.
+    unplanned: u64,
+    /// Files planned to be received and not committed yet.
     unfinished: u64,
 }
 
@@ -164,19 +169,22 @@ impl Completion {
     /// when no piece follows. Refused, before any file is opened, when it would take the
     /// session past [`MAX_UNFINISHED_FILES`].
     pub fn announced(&mut self, files: u64, last: bool) -> Result<(), Violation> {
-        if self.unfinished + files > MAX_UNFINISHED_FILES {
+        if self.unplanned + self.unfinished + files > MAX_UNFINISHED_FILES {
             return Err(Violation(format!(
                 "the sender announced more than {MAX_UNFINISHED_FILES} files not yet done (run \
                  the same hsxfer version on both ends)"
             )));
         }
         self.manifest_done = last;
+        self.unplanned += files;
         Ok(())
     }
 
-    /// `files` of the announced ones will be received (the others were skipped).
-    pub fn planned(&mut self, files: u64) {
-        self.unfinished += files;
+    /// A piece of `files` files got its plan: `receive` of them will be received (the
+    /// others were skipped).
+    pub fn planned(&mut self, files: u64, receive: u64) {
+        self.unplanned = self.unplanned.saturating_sub(files);
+        self.unfinished += receive;
     }
 
     /// A file was committed.
@@ -186,7 +194,7 @@ impl Completion {
 
     /// True once the whole manifest arrived and every file in it is done.
     pub fn finished(&self) -> bool {
-        self.manifest_done && self.unfinished == 0
+        self.manifest_done && self.unplanned == 0 && self.unfinished == 0
     }
 }
 
@@ -303,13 +311,19 @@ mod tests {
         let mut c = Completion::default();
         assert!(!c.finished());
         c.announced(3, false).unwrap();
-        c.planned(2); // one skipped
+        c.planned(3, 2); // one skipped
         c.committed();
         assert!(!c.finished(), "more manifest to come");
         c.announced(0, true).unwrap();
+        c.planned(0, 0);
         assert!(!c.finished(), "one file still unfinished");
         c.committed();
         assert!(c.finished());
+        let mut waiting = Completion::default();
+        waiting.announced(1, true).unwrap();
+        assert!(!waiting.finished(), "a piece waits for its plan");
+        waiting.planned(1, 0);
+        assert!(waiting.finished());
         let mut empty = Completion::default();
         empty.announced(0, true).unwrap();
         assert!(empty.finished());
@@ -318,10 +332,14 @@ mod tests {
     #[test]
     fn a_sender_may_not_keep_too_many_files_unfinished() {
         let mut c = Completion::default();
-        c.announced(MAX_UNFINISHED_FILES, false).unwrap();
-        c.planned(MAX_UNFINISHED_FILES);
+        c.announced(MAX_UNFINISHED_FILES - 1, false).unwrap();
+        // Files waiting for their plan count too.
+        c.announced(1, false).unwrap();
         let e = c.announced(1, false).unwrap_err();
         assert!(e.0.contains("more than 256 files"), "{e}");
+        c.planned(MAX_UNFINISHED_FILES - 1, MAX_UNFINISHED_FILES - 1);
+        c.planned(1, 1);
+        assert!(c.announced(1, false).is_err());
         c.committed();
         c.announced(1, true).unwrap();
     }

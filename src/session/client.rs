@@ -445,6 +445,7 @@ impl Client {
             await_telemetry: true,
             growth: Some(growth),
             crash_at: None,
+            budget: None,
         }
         .run()
         .await?;

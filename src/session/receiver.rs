@@ -3,16 +3,17 @@
 //! at its offset, asks again for anything damaged, and commits each file under its final name
 //! once verified.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use crate::transport::tls::Stream;
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio::task::JoinSet;
 
+use super::budget::FileBudget;
 use super::engine::{channel_ended, conclude};
 use super::growth::{admit_channels, recv_or_pending, Arrivals, Growth};
 use super::report::{LiveStats, SideOutcome};
@@ -49,6 +50,8 @@ enum Target {
 struct Shared {
     tracker: ReceiveTracker,
     targets: HashMap<u32, Arc<Target>>,
+    /// Each file's slot in the server's [`FileBudget`], given back when it is committed.
+    slots: HashMap<u32, OwnedSemaphorePermit>,
 }
 
 /// Everything a receiving engine needs.
@@ -74,6 +77,9 @@ pub struct ReceiveEngine<R, W> {
     pub growth: Option<Growth>,
     /// Test fault: kill this process just before this step of a commit.
     pub crash_at: Option<CommitStep>,
+    /// The server's budget of open files, shared with its other sessions; `None` on a
+    /// client, whose one session is bounded by [`crate::channels::limits::MAX_UNFINISHED_FILES`].
+    pub budget: Option<FileBudget>,
 }
 
 impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
@@ -82,6 +88,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         let shared = Arc::new(Mutex::new(Shared {
             tracker: ReceiveTracker::new(self.block_size),
             targets: HashMap::new(),
+            slots: HashMap::new(),
         }));
         let (ev_tx, ev_rx) = mpsc::unbounded_channel();
         let mut tasks = JoinSet::new();
@@ -142,17 +149,20 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         let mut dirs: Vec<(PathBuf, Entry)> = Vec::new();
         let mut commits: JoinSet<Result<u32>> = JoinSet::new();
         let mut arrivals = Arrivals::take(&mut self.growth);
+        // Manifest chunks in order, the first waiting for its files' slots in the budget. The
+        // wait lives across turns of the loop, so it keeps its place in the budget's queue.
+        let mut waiting: VecDeque<Vec<Entry>> = VecDeque::new();
+        let mut slots_wait: Option<SlotsWait> = None;
         while !completion.finished() {
+            if let (None, Some(chunk)) = (&slots_wait, waiting.front()) {
+                let files = count_files(chunk) as u32;
+                slots_wait = Some(Box::pin(slots_for(self.budget.clone(), files)));
+            }
             tokio::select! {
                 msg = self.ctrl_r.expect() => match msg? {
                     Message::Manifest { entries, last } => {
-                        let files = entries.iter().filter(|e| e.kind != EntryKind::Dir).count();
-                        completion.announced(files as u64, last)?;
-                        let plans = self.plan(shared, entries, &mut dirs, &mut out).await?;
-                        completion.planned(
-                            plans.iter().filter(|p| p.action != PlanAction::Skip).count() as u64,
-                        );
-                        self.ctrl_w.send(&Message::Plan { files: plans }).await?;
+                        completion.announced(count_files(&entries) as u64, last)?;
+                        waiting.push_back(entries);
                     }
                     Message::Sealed { file, digests, more } => {
                         let v = lock(shared).tracker.on_sealed(file, digests, more)?;
@@ -177,9 +187,26 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                     }
                     None => return Err(Error::PeerVanished),
                 },
+                slots = async { slots_wait.as_mut().expect("a wait").await },
+                    if slots_wait.is_some() =>
+                {
+                    slots_wait = None;
+                    let entries = waiting.pop_front().expect("a chunk was waiting");
+                    let files = count_files(&entries) as u64;
+                    let plans = self.plan(shared, entries, &mut dirs, &mut out, slots).await?;
+                    completion.planned(
+                        files,
+                        plans.iter().filter(|p| p.action != PlanAction::Skip).count() as u64,
+                    );
+                    self.ctrl_w.send(&Message::Plan { files: plans }).await?;
+                }
                 Some(done) = commits.join_next() => {
                     let file = done.map_err(Error::task("committing a file"))??;
-                    lock(shared).targets.remove(&file);
+                    {
+                        let mut s = lock(shared);
+                        s.targets.remove(&file);
+                        s.slots.remove(&file);
+                    }
                     completion.committed();
                     self.live.file_done();
                     self.ctrl_w.send(&Message::FileDone { file }).await?;
@@ -238,13 +265,15 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
     }
 
     /// Decides what to do with each entry of a manifest chunk (creating directories and
-    /// opening partial files on the blocking pool) and registers the files to receive.
+    /// opening partial files on the blocking pool) and registers the files to receive, each
+    /// file written with one of `slots` (those not used go back to the budget).
     async fn plan(
         &mut self,
         shared: &Arc<Mutex<Shared>>,
         entries: Vec<Entry>,
         dirs: &mut Vec<(PathBuf, Entry)>,
         out: &mut SideOutcome,
+        mut slots: Option<OwnedSemaphorePermit>,
     ) -> Result<Vec<FilePlan>> {
         let (sink, bs, key) = (self.sink.clone(), self.block_size, self.digest_key);
         let prepared = tokio::task::spawn_blocking(move || prepare_chunk(&sink, entries, bs, &key))
@@ -270,6 +299,9 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                     out.bytes_resumed += have_bytes.min(size);
                     self.live.expect_more(size.saturating_sub(have_bytes));
                     s.tracker.expect(entry.id, size, &have);
+                    if let Some(slot) = slots.as_mut().and_then(|s| s.split(1)) {
+                        s.slots.insert(entry.id, slot);
+                    }
                     s.targets.insert(entry.id, Arc::new(Target::Partial(*file)));
                     PlanAction::Send {
                         have: have.iter().map(|h| h.0).collect(),
@@ -298,6 +330,23 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
             });
         }
         Ok(plans)
+    }
+}
+
+/// Files (not directories) in a manifest chunk.
+fn count_files(entries: &[Entry]) -> usize {
+    entries.iter().filter(|e| e.kind != EntryKind::Dir).count()
+}
+
+/// A wait for a manifest chunk's slots.
+type SlotsWait =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Option<OwnedSemaphorePermit>> + Send>>;
+
+/// Slots for `files` files from `budget`; none without a budget.
+async fn slots_for(budget: Option<FileBudget>, files: u32) -> Option<OwnedSemaphorePermit> {
+    match budget {
+        Some(b) => Some(b.take(files).await),
+        None => None,
     }
 }
 

@@ -12,6 +12,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Notify};
 
 use super::admission::{Admission, ServerLimits, Ticket};
+use super::budget::FileBudget;
 use super::faults::FaultInjection;
 use super::growth::{Arrivals, Growth, Joiner, Reserve, Setup};
 use super::handshake;
@@ -117,6 +118,8 @@ struct State {
     scope: Scope,
     key: TokenKey,
     tls: ServerTls,
+    /// Files open for receiving, across sessions.
+    files: FileBudget,
     faults: FaultInjection,
     admission: Admission,
     pending: Mutex<HashMap<SessionId, Pending>>,
@@ -170,6 +173,7 @@ impl Server {
                 scope,
                 key: cfg.auth.key(),
                 tls: cfg.tls.clone(),
+                files: FileBudget::for_this_process(),
                 faults: cfg.faults(),
                 admission: Admission::new(cfg.limits),
                 pending: Mutex::new(HashMap::new()),
@@ -444,6 +448,7 @@ async fn control(
                 await_telemetry: false,
                 growth: Some(growth(reserve, tx, rx, setup, None)),
                 crash_at: faults.crash_at,
+                budget: Some(state.files.clone()),
             }
             .run()
             .await

@@ -1,0 +1,72 @@
+//! The server's budget of files open for receiving, shared by all its sessions. A session may
+//! hold [`MAX_UNFINISHED_FILES`] files being received (a partial file and a restart journal
+//! each), so a few sessions with large trees would otherwise run a server at the common
+//! `ulimit -n 1024` out of descriptors. A session takes one slot per file of a manifest chunk
+//! before it opens them, and gives each back when that file is committed; a session that
+//! finds the budget spent waits, and its sender with it, until others commit.
+
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::channels::limits::MAX_UNFINISHED_FILES;
+
+/// Descriptors each file being received may hold: its partial file and its journal.
+const DESCRIPTORS_PER_FILE: u64 = 2;
+
+/// Slots for files being received, across a server's sessions.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main] async fn main() {
+/// use hsxfer::session::budget::FileBudget;
+///
+/// let budget = FileBudget::with_slots(300);
+/// let mut taken = budget.take(256).await;
+/// let one = taken.split(1).unwrap();
+/// drop(taken);
+/// assert_eq!(budget.free(), 299);
+/// drop(one);
+/// assert_eq!(budget.free(), 300);
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct FileBudget {
+    slots: Arc<Semaphore>,
+}
+
+impl FileBudget {
+    /// A budget of `slots` files (at least [`MAX_UNFINISHED_FILES`], so that one manifest
+    /// chunk always fits).
+    pub fn with_slots(slots: u64) -> Self {
+        let slots = slots.max(MAX_UNFINISHED_FILES) as usize;
+        FileBudget {
+            slots: Arc::new(Semaphore::new(slots)),
+        }
+    }
+
+    /// Half of this process's descriptor limit (`RLIMIT_NOFILE`, raised to the hard limit at
+    /// start) for files: the other half is for connections and everything else.
+    pub fn for_this_process() -> Self {
+        let limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+            .map(|(soft, _)| soft)
+            .unwrap_or(1024);
+        Self::with_slots(limit / 2 / DESCRIPTORS_PER_FILE)
+    }
+
+    /// Waits for `files` slots; they return to the budget when dropped (split off one per
+    /// file with [`OwnedSemaphorePermit::split`]).
+    pub async fn take(&self, files: u32) -> OwnedSemaphorePermit {
+        self.slots
+            .clone()
+            .acquire_many_owned(files)
+            .await
+            .expect("the budget's semaphore is never closed")
+    }
+
+    /// Slots free now.
+    pub fn free(&self) -> usize {
+        self.slots.available_permits()
+    }
+}
