@@ -289,6 +289,10 @@ fn human_summary(r: &TransferReport) {
         r.files_skipped,
         fmt_bytes(r.bytes_resumed),
     );
+    match &r.cipher_suite {
+        Some(suite) => println!("  encrypted: TLS 1.3, {suite}"),
+        None => println!("  NOT encrypted: clear text (--no-encrypt)"),
+    }
     let t = &r.tuning;
     println!(
         "  path: rtt {:.3} ms, rate {} ({}), buffers {}",
