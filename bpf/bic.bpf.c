@@ -78,7 +78,6 @@ void BPF_PROG(bic_init, struct sock *sk)
 
 	bic_reset(ca);
 	hsx_guard_init(sk, &ca->guard);
-	hsx_count_init();
 }
 
 SEC("struct_ops")

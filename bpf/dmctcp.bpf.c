@@ -208,7 +208,6 @@ void BPF_PROG(dmctcp_init, struct sock *sk)
 	struct dmc_ca *ca = inet_csk_ca(sk);
 
 	hsx_guard_init(sk, &ca->guard);
-	hsx_count_init();
 	dmc_join(sk, ca);
 	/*
 	 * TCP's internal pacing (cwnd/srtt x 1.2 in congestion avoidance, no fq needed): the

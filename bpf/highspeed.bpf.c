@@ -54,7 +54,6 @@ void BPF_PROG(highspeed_init, struct sock *sk)
 	struct hstcp_ca *ca = inet_csk_ca(sk);
 
 	hsx_guard_init(sk, &ca->guard);
-	hsx_count_init();
 }
 
 SEC("struct_ops")

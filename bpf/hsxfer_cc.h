@@ -161,7 +161,7 @@ static __always_inline u32 min_u32(u32 a, u32 b)
  * congestion control so user space can find it by name.
  */
 struct hsx_stats {
-	u64 sockets;           /* sockets that started using this congestion control */
+	u64 sockets;           /* sockets that ran this congestion control (at their first hook) */
 	u64 released;          /* sockets that stopped using it */
 	u64 ssthresh_repairs;  /* garbage ssthresh values replaced */
 	u64 cwnd_repairs;      /* absurd cwnd jumps clamped */
@@ -193,6 +193,7 @@ struct hsx_guard {
 	u32 ss_seen;        /* ss_calls when the guard last ran */
 	u32 prr_delivered;  /* segments delivered since the reduction began (PRR) */
 	u32 prr_high_seq;   /* high_seq of the reduction prr_delivered counts for */
+	u32 counted;        /* the socket is in hsx_stats.sockets */
 };
 
 /*
@@ -228,6 +229,15 @@ static __always_inline void hsx_guard(struct sock *sk, struct hsx_guard *g)
 	u32 cwnd = tp->snd_cwnd;
 	u32 ssthresh = tp->snd_ssthresh;
 
+	/*
+	 * A socket is counted at the first hook that runs for it, not in init alone: the kernel
+	 * skips calls now and then, init included, and a socket runs many hooks.
+	 */
+	if (!g->counted) {
+		g->counted = 1;
+		if (st)
+			__sync_fetch_and_add(&st->sockets, 1);
+	}
 	if (cwnd > bound) {
 		cwnd = max_u32(g->max_cwnd, 2);
 		tp->snd_cwnd = cwnd;
@@ -439,14 +449,6 @@ static __always_inline void hsx_set_state(struct sock *sk, struct hsx_guard *g, 
 	{                                                                              \
 		hsx_set_state(sk, &((ca_type *)inet_csk_ca(sk))->guard, new_state);    \
 	}
-
-static __always_inline void hsx_count_init(void)
-{
-	struct hsx_stats *st = hsx_stats();
-
-	if (st)
-		__sync_fetch_and_add(&st->sockets, 1);
-}
 
 static __always_inline void hsx_count_release(void)
 {

@@ -258,7 +258,6 @@ void BPF_PROG(htcp_init, struct sock *sk)
 	ca->pkts_acked = 1;
 	ca->last_cong = now_ms(sk);
 	hsx_guard_init(sk, &ca->guard);
-	hsx_count_init();
 }
 
 SEC("struct_ops")

@@ -25,7 +25,6 @@ void BPF_PROG(scalable_init, struct sock *sk)
 	struct scalable_ca *ca = inet_csk_ca(sk);
 
 	hsx_guard_init(sk, &ca->guard);
-	hsx_count_init();
 }
 
 SEC("struct_ops")

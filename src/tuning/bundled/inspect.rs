@@ -94,7 +94,8 @@ pub(crate) fn newest_map(name: &str, ty: MapType) -> Option<MapHandle> {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[repr(C)]
 pub struct CcStats {
-    /// Sockets that started using it.
+    /// Sockets that ran it, each counted at the first of its hooks that ran (the kernel
+    /// skips a call now and then, `init` included).
     pub sockets: u64,
     /// Sockets that stopped using it.
     pub released: u64,
