@@ -55,7 +55,7 @@ impl Opener {
     /// Opens a TCP connection to `peer` for the handshake: the TLS handshake, or the
     /// clear-text preface. A server that answers a TLS client in clear text (busy, an older
     /// hsxfer) is reported as such; a key other than the accepted one is
-    /// [`ConnectError::WrongKey`] for the caller to explain.
+    /// [`OpenError::WrongKey`], for the caller to explain.
     pub async fn open(&self, mut tcp: TcpStream, peer: &str) -> Result<Stream, OpenError> {
         let tls = match self {
             Opener::Clear => {
