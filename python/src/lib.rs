@@ -16,9 +16,9 @@ use std::time::Duration;
 
 use hsxfer::fsio::operands::{self, Direction};
 use hsxfer::probe::{Direction as ProfileDirection, Fixed, ProbeOptions};
-use hsxfer::session::secure::{Security, Trust};
+use hsxfer::session::secure::Security;
 use hsxfer::session::settle::{settle, Source};
-use hsxfer::transport::tls::{Fingerprint, KnownServers};
+use hsxfer::transport::tls::Fingerprint;
 use hsxfer::tuning::desync::PaceChoice;
 use hsxfer::{
     Auth, BenchAmount, BenchDirection, Client, LiveStats, PathRate, Server, TransferOptions,
@@ -101,22 +101,11 @@ fn security(
     server_fingerprint: Option<String>,
     known_servers: Option<PathBuf>,
 ) -> PyResult<Security> {
-    Ok(match (encrypt, server_fingerprint, known_servers) {
-        (false, None, None) => Security::Clear,
-        (false, _, _) => {
-            return Err(PyValueError::new_err(
-                "encrypt=False checks no server key: drop server_fingerprint and known_servers",
-            ))
-        }
-        (true, Some(f), _) => {
-            let fp: Fingerprint = f
-                .parse()
-                .map_err(|e| PyValueError::new_err(format!("{e}")))?;
-            Security::Tls(Trust::Pinned(fp))
-        }
-        (true, None, Some(file)) => Security::Tls(Trust::KnownServers(KnownServers::at(file))),
-        (true, None, None) => Security::default(),
-    })
+    let pinned = server_fingerprint
+        .map(|f| f.parse::<Fingerprint>())
+        .transpose()
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Security::choose(encrypt, pinned, known_servers).map_err(raise)
 }
 
 /// A name from the library's serde vocabulary (`"push"`, `"fair"`, …).

@@ -15,6 +15,7 @@ const FLAGS: &[(&str, &str)] = &[
     ("`Trust::Pinned`", "--server-fingerprint"),
     ("`SshLaunch::remote_hsxfer`", "--remote-hsxfer PATH"),
     ("`token_file`", "--token-file FILE"),
+    ("`key_file`", "--key-file FILE"),
     ("`no_auth`", "--no-auth"),
     ("`mptcp`", "--mptcp"),
     ("`budget`", "--budget"),

@@ -25,9 +25,7 @@ use hsxfer::channels::oneshot::Announcement;
 use hsxfer::probe::{Direction as ProfileDirection, Fixed};
 use hsxfer::session::secure::{Security, Trust};
 use hsxfer::session::ssh::{OneShot, SshLaunch};
-use hsxfer::transport::tls::{
-    default_key_path, Fingerprint, KnownServers, ServerIdentity, ServerTls,
-};
+use hsxfer::transport::tls::{Fingerprint, ServerIdentity, ServerTls};
 use hsxfer::tuning::bdp::BufferChoice;
 use hsxfer::tuning::desync::{PaceChoice, StaggerChoice};
 use hsxfer::{
@@ -127,17 +125,13 @@ pub(crate) struct SecurityArgs {
 }
 
 impl SecurityArgs {
-    pub(crate) fn security(&self) -> Security {
-        match (
-            self.no_encrypt,
+    /// The choice; clap already refused `--no-encrypt` with either of the others.
+    pub(crate) fn security(&self) -> anyhow::Result<Security> {
+        Ok(Security::choose(
+            !self.no_encrypt,
             self.server_fingerprint,
-            &self.known_servers,
-        ) {
-            (true, _, _) => Security::Clear,
-            (false, Some(fp), _) => Security::Tls(Trust::Pinned(fp)),
-            (false, None, Some(file)) => Security::Tls(Trust::KnownServers(KnownServers::at(file))),
-            (false, None, None) => Security::default(),
-        }
+            self.known_servers.clone(),
+        )?)
     }
 }
 
@@ -317,7 +311,7 @@ impl TransferArgs {
             // A one-shot server's key came over SSH: pin it.
             security: match remote {
                 Some(r) => Security::Tls(Trust::Pinned(r.key)),
-                None => self.security.security(),
+                None => self.security.security()?,
             },
             #[cfg(feature = "testing")]
             faults: self.faults.faults(),
@@ -562,22 +556,18 @@ async fn serve(a: ServeArgs) -> anyhow::Result<bool> {
         IpAddr::from([0, 0, 0, 0])
     });
     let port = a.port.unwrap_or(if a.stdio { 0 } else { DEFAULT_PORT });
-    let identity = match (a.stdio, a.key_file.clone().or_else(default_key_path)) {
+    let identity = if a.stdio {
         // A one-shot server's key lives as long as it does; its client learns it over SSH.
-        (true, _) => ServerIdentity::generate()?,
-        (false, Some(path)) => {
-            let (id, new) = ServerIdentity::load_or_create(&path)?;
-            let made = if new { "made" } else { "from" };
-            tracing::info!(
-                "server key {} ({made} {})",
-                id.fingerprint(),
-                path.display()
-            );
-            id
-        }
-        (false, None) => bail!(
-            "no place for the server's key: set HOME or XDG_CONFIG_HOME, or give --key-file FILE"
-        ),
+        ServerIdentity::generate()?
+    } else {
+        let (id, path, new) = ServerIdentity::of_server(a.key_file.clone())?;
+        let made = if new { "made" } else { "from" };
+        tracing::info!(
+            "server key {} ({made} {})",
+            id.fingerprint(),
+            path.display()
+        );
+        id
     };
     let server = Server::bind(ServerConfig {
         tls: ServerTls::new(&identity, a.no_encrypt),

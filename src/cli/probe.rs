@@ -97,7 +97,7 @@ pub async fn run(a: ProbeArgs) -> anyhow::Result<bool> {
         &ProbeOptions {
             port: a.port,
             auth: a.auth.auth()?,
-            security: a.security.security(),
+            security: a.security.security()?,
             budget: a.budget,
             direction: a.direction,
             policy: a.policy,

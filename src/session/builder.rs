@@ -9,8 +9,8 @@ use super::admission::ServerLimits;
 use super::client::{Client, PathRate, TransferOptions, Tune};
 use super::server::{Server, ServerConfig};
 use super::{token, Auth, DEFAULT_PORT};
-use crate::error::{Error, Result};
-use crate::transport::tls::{default_key_path, ServerIdentity, ServerTls};
+use crate::error::Result;
+use crate::transport::tls::{ServerIdentity, ServerTls};
 
 /// Builds a [`Client`]; see [`Client::builder`].
 #[derive(Debug, Clone)]
@@ -216,13 +216,9 @@ impl ServerBuilder {
         if let Some(t) = &self.token_file {
             token::check_outside(t, &self.root)?;
         }
-        let identity = match (self.identity, self.key_file.or_else(default_key_path)) {
-            (Some(id), _) => id,
-            (None, Some(path)) => Arc::new(ServerIdentity::load_or_create(&path)?.0),
-            (None, None) => return Err(Error::Usage(
-                "no place for the server's key: set HOME or XDG_CONFIG_HOME, or give a key file"
-                    .into(),
-            )),
+        let identity = match self.identity {
+            Some(id) => id,
+            None => Arc::new(ServerIdentity::of_server(self.key_file)?.0),
         };
         Server::bind(ServerConfig {
             tls: ServerTls::new(&identity, self.allow_clear),

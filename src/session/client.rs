@@ -656,26 +656,24 @@ impl Client {
         // The data channels' TCP connects overlap the request's round trip; each joins the
         // session once the server has accepted the request. Should it not, dropping `joins`
         // aborts them.
+        let connector = Connector {
+            addr,
+            session,
+            key: skey,
+            peer,
+            plan: plan.clone(),
+            opener,
+        };
         let (accepted_tx, accepted_rx) = watch::channel(false);
         let mut joins = JoinSet::new();
         for ch in 0..n {
-            let (opts, key, peer, opener) = (
-                plan.options[ch as usize].clone(),
-                skey.clone(),
-                peer.clone(),
-                opener.clone(),
-            );
-            let mut accepted = accepted_rx.clone();
+            let (connector, mut accepted) = (connector.clone(), accepted_rx.clone());
             joins.spawn(async move {
-                let tcp = timed_connect(addr, &opts).await?;
-                let mut s = opener
-                    .open(tcp, &peer)
-                    .await
-                    .map_err(super::secure::plain)?;
+                let mut s = connector.open(ch).await?;
                 if accepted.wait_for(|a| *a).await.is_err() {
                     return Err(Error::PeerVanished);
                 }
-                handshake::client_join(&mut s, &key, session, ch, &peer).await?;
+                connector.join_opened(&mut s, ch).await?;
                 Ok::<_, Error>((ch, s))
             });
         }
@@ -717,14 +715,6 @@ impl Client {
                     .set_setup(read_setup(c, i, &plan.options[i], stagger[i])?);
             }
         }
-        let connector = Connector {
-            addr,
-            session,
-            key: skey,
-            peer,
-            plan: plan.clone(),
-            opener,
-        };
         Ok(Opened {
             ctrl_r,
             ctrl_w,

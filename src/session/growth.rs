@@ -16,13 +16,12 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-use super::handshake::Opener;
-use crate::transport::tls::Stream;
-
+use super::handshake::{self, Opener};
 use super::tuning::LocalPlan;
 use crate::channels::auth::{SessionId, SessionKey};
 use crate::channels::control::Message;
 use crate::error::{Error, Result};
+use crate::transport::tls::Stream;
 use crate::transport::{self, SocketOptions};
 
 /// A data channel that joined: its index and its stream.
@@ -63,16 +62,26 @@ pub struct Connector {
 }
 
 impl Connector {
-    /// Connects channel `index` and joins it to the session.
-    pub async fn join(&self, index: u16) -> Result<Stream> {
+    /// Connects channel `index` with its socket options and opens it (TLS or clear text),
+    /// ready for [`Connector::join_opened`].
+    pub async fn open(&self, index: u16) -> Result<Stream> {
         let opts = self.plan.for_channel(index as usize);
         let tcp = timed_connect(self.addr, &opts).await?;
-        let mut s = self
-            .opener
+        self.opener
             .open(tcp, &self.peer)
             .await
-            .map_err(super::secure::plain)?;
-        super::handshake::client_join(&mut s, &self.key, self.session, index, &self.peer).await?;
+            .map_err(super::secure::data_channel_error)
+    }
+
+    /// Joins channel `index`, opened by [`Connector::open`], to the session.
+    pub async fn join_opened(&self, s: &mut Stream, index: u16) -> Result<()> {
+        handshake::client_join(s, &self.key, self.session, index, &self.peer).await
+    }
+
+    /// Connects channel `index` and joins it to the session.
+    pub async fn join(&self, index: u16) -> Result<Stream> {
+        let mut s = self.open(index).await?;
+        self.join_opened(&mut s, index).await?;
         Ok(s)
     }
 }

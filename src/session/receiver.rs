@@ -7,7 +7,6 @@ use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use crate::transport::tls::Stream;
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
@@ -28,6 +27,7 @@ use crate::fsio::dest::{Destination, Layout};
 use crate::fsio::ns_to_system_time;
 use crate::fsio::partial::{prepare, CommitStep, FileMeta, PartialFile, Prepared, StreamSink};
 use crate::fsio::root::Scope;
+use crate::transport::tls::Stream;
 
 /// How long a receiver waits for the sender's final telemetry after the last file.
 const FINAL_TELEMETRY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
@@ -149,20 +149,21 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         let mut dirs: Vec<(PathBuf, Entry)> = Vec::new();
         let mut commits: JoinSet<Result<u32>> = JoinSet::new();
         let mut arrivals = Arrivals::take(&mut self.growth);
-        // Manifest chunks in order, the first waiting for its files' slots in the budget. The
-        // wait lives across turns of the loop, so it keeps its place in the budget's queue.
-        let mut waiting: VecDeque<Vec<Entry>> = VecDeque::new();
+        // Manifest chunks in order, with their file counts, the first waiting for its files'
+        // slots in the budget. The wait lives across turns of the loop, so it keeps its place
+        // in the budget's queue.
+        let mut waiting: VecDeque<(Vec<Entry>, u64)> = VecDeque::new();
         let mut slots_wait: Option<SlotsWait> = None;
         while !completion.finished() {
-            if let (None, Some(chunk)) = (&slots_wait, waiting.front()) {
-                let files = count_files(chunk) as u32;
-                slots_wait = Some(Box::pin(slots_for(self.budget.clone(), files)));
+            if let (None, Some((_, files))) = (&slots_wait, waiting.front()) {
+                slots_wait = Some(Box::pin(slots_for(self.budget.clone(), *files as u32)));
             }
             tokio::select! {
                 msg = self.ctrl_r.expect() => match msg? {
                     Message::Manifest { entries, last } => {
-                        completion.announced(count_files(&entries) as u64, last)?;
-                        waiting.push_back(entries);
+                        let files = entries.iter().filter(|e| e.kind != EntryKind::Dir).count();
+                        completion.announced(files as u64, last)?;
+                        waiting.push_back((entries, files as u64));
                     }
                     Message::Sealed { file, digests, more } => {
                         let v = lock(shared).tracker.on_sealed(file, digests, more)?;
@@ -191,8 +192,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                     if slots_wait.is_some() =>
                 {
                     slots_wait = None;
-                    let entries = waiting.pop_front().expect("a chunk was waiting");
-                    let files = count_files(&entries) as u64;
+                    let (entries, files) = waiting.pop_front().expect("a chunk was waiting");
                     let plans = self.plan(shared, entries, &mut dirs, &mut out, slots).await?;
                     completion.planned(
                         files,
@@ -331,11 +331,6 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         }
         Ok(plans)
     }
-}
-
-/// Files (not directories) in a manifest chunk.
-fn count_files(entries: &[Entry]) -> usize {
-    entries.iter().filter(|e| e.kind != EntryKind::Dir).count()
 }
 
 /// A wait for a manifest chunk's slots.

@@ -2,6 +2,8 @@
 //! known-servers file (a first contact recorded, a changed key refused, as OpenSSH's
 //! `accept-new`) or a fingerprint pinned by the caller.
 
+use std::path::PathBuf;
+
 use tokio::net::TcpStream;
 
 use super::handshake::{OpenError, Opener};
@@ -40,6 +42,31 @@ pub enum Trust {
     Pinned(Fingerprint),
 }
 
+impl Security {
+    /// From the choices a caller makes: whether to encrypt, a pinned key, another
+    /// known-servers file (the default one without either). Clear text checks no key, so it
+    /// takes neither of the others.
+    pub fn choose(
+        encrypt: bool,
+        pinned: Option<Fingerprint>,
+        known_servers: Option<PathBuf>,
+    ) -> Result<Security> {
+        Ok(match (encrypt, pinned, known_servers) {
+            (false, None, None) => Security::Clear,
+            (false, _, _) => {
+                return Err(Error::Usage(
+                    "clear text (`Security::Clear`) checks no server key: drop the pinned key and \
+                     the known-servers file"
+                        .into(),
+                ))
+            }
+            (true, Some(fp), _) => Security::Tls(Trust::Pinned(fp)),
+            (true, None, Some(file)) => Security::Tls(Trust::KnownServers(KnownServers::at(file))),
+            (true, None, None) => Security::default(),
+        })
+    }
+}
+
 impl Default for Security {
     /// TLS, with the known-servers file in hsxfer's configuration directory (or
     /// `/etc/hsxfer/known_servers` when neither `XDG_CONFIG_HOME` nor `HOME` is set).
@@ -71,7 +98,10 @@ pub(crate) async fn open_control(
 ) -> Result<OpenedControl> {
     let trust = match security {
         Security::Clear => {
-            let stream = Opener::Clear.open(tcp, peer).await.map_err(plain)?;
+            let stream = Opener::Clear
+                .open(tcp, peer)
+                .await
+                .map_err(data_channel_error)?;
             return Ok(OpenedControl {
                 stream,
                 opener: Opener::Clear,
@@ -141,7 +171,7 @@ pub(crate) async fn open_control(
 
 /// A data channel's open error: a key other than the control connection's is an attack or a
 /// server restarted with a new key in between.
-pub(crate) fn plain(e: OpenError) -> Error {
+pub(crate) fn data_channel_error(e: OpenError) -> Error {
     match e {
         OpenError::WrongKey(seen) => Error::Refused(format!(
             "a data channel's server presented the key {seen}, not the control connection's"

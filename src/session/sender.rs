@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::transport::tls::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
@@ -24,6 +23,7 @@ use crate::channels::manifest::EntryKind;
 use crate::channels::sender::{Job, SendPlanner};
 use crate::channels::{Digest, Violation};
 use crate::error::{Error, Result};
+use crate::transport::tls::Stream;
 
 struct Hashed {
     file: u32,

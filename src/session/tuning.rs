@@ -6,14 +6,13 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::transport::tls::Stream;
-
 use crate::channels::control::{HostFacts, Policy, Tuning};
 use crate::channels::telemetry::ChannelSetup;
 use crate::error::{Error, Result};
 use crate::transport::buffers::granted;
 use crate::transport::cc::{self, CcCatalog};
 use crate::transport::tcp::{Tag, NOTSENT_LOWAT, PACING_UNCAPPED};
+use crate::transport::tls::Stream;
 use crate::transport::SocketOptions;
 use crate::tuning::bdp::{self, Direction};
 use crate::tuning::bundled::{self, group::DmcGroup, inspect::GuardBaseline};

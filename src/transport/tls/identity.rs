@@ -114,6 +114,9 @@ pub enum IdentityError {
     /// Making a key failed.
     #[error("making a server key: {0}")]
     Generate(String),
+    /// Neither a key file nor a configuration directory to keep one in.
+    #[error("no place for the server's key: set HOME or XDG_CONFIG_HOME, or give a `key_file`")]
+    NoPlace,
 }
 
 impl ServerIdentity {
@@ -192,6 +195,17 @@ impl ServerIdentity {
             }
             Err(e) => Err(io(e)),
         }
+    }
+
+    /// The key a server keeps in `key_file`, or without one in [`default_key_path`], made
+    /// there on first start ([`ServerIdentity::load_or_create`]). Returns the identity, where
+    /// it is kept, and whether it is new.
+    pub fn of_server(key_file: Option<PathBuf>) -> Result<(Self, PathBuf, bool), IdentityError> {
+        let path = key_file
+            .or_else(default_key_path)
+            .ok_or(IdentityError::NoPlace)?;
+        let (id, new) = Self::load_or_create(&path)?;
+        Ok((id, path, new))
     }
 
     fn from_pem(path: &Path, pem: &[u8]) -> Result<Self, IdentityError> {

@@ -170,12 +170,12 @@ impl ClientTls {
                 if first.first().is_some_and(|b| !(0x14..=0x17).contains(b)) {
                     return Err(ConnectError::Clear(first.to_vec()));
                 }
-                match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
-                    Some(rustls::Error::InvalidCertificate(_)) if self.seen().is_some() => {
-                        Err(ConnectError::WrongKey {
-                            seen: self.seen().expect("checked"),
-                        })
-                    }
+                let bad_key = matches!(
+                    e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()),
+                    Some(rustls::Error::InvalidCertificate(_))
+                );
+                match (bad_key, self.seen()) {
+                    (true, Some(seen)) => Err(ConnectError::WrongKey { seen }),
                     _ => Err(ConnectError::Io(e)),
                 }
             }
