@@ -151,6 +151,9 @@ pub enum Error {
         /// Why it ended.
         source: tokio::task::JoinError,
     },
+    /// A job of hsxfer's own on a file thread panicked: a bug, not the peer's doing.
+    #[error("{0} failed inside hsxfer: it panicked (a bug: please report it)")]
+    Panicked(&'static str),
     /// A step took too long.
     #[error("timed out {0}")]
     Timeout(&'static str),

@@ -281,6 +281,41 @@ pub fn prepare(
     })
 }
 
+/// Commits several verified files at once (a group commit). Each file goes through the
+/// steps of [`COMMIT_ORDER`] in order, but the files of one directory share its sync: all of
+/// them are renamed before it is synced once, and their journals removed after. The
+/// directory is opened once, so the renames, the sync and the removals happen in the same
+/// one. `before` runs ahead of every step (tests crash the process there). On failure, says
+/// which file could not be committed.
+pub fn commit_group(
+    files: &[&PartialFile],
+    mut before: impl FnMut(CommitStep),
+) -> Result<(), (PathBuf, io::Error)> {
+    let mut by_dir: BTreeMap<&Path, Vec<&PartialFile>> = BTreeMap::new();
+    for f in files {
+        by_dir.entry(&f.place.parent).or_default().push(f);
+    }
+    for group in by_dir.values() {
+        let failed = |f: &PartialFile| {
+            let target = f.target().to_path_buf();
+            move |e| (target, e)
+        };
+        let dir = group[0].place.dir().map_err(failed(group[0]))?;
+        for &step in &COMMIT_ORDER {
+            if step == CommitStep::SyncDir {
+                before(step);
+                group[0].run(step, &dir).map_err(failed(group[0]))?;
+                continue;
+            }
+            for f in group {
+                before(step);
+                f.run(step, &dir).map_err(failed(f))?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Removes what a commit interrupted after its rename left beside a complete target (the
 /// journal), unless another transfer is writing there now.
 fn remove_leftovers(dir: &File, place: &Place) {
@@ -368,15 +403,9 @@ impl PartialFile {
     }
 
     /// Commits the verified file under its final name, step by step in [`COMMIT_ORDER`],
-    /// calling `before` ahead of each step (tests crash the process there). The directory is
-    /// opened once for all steps, so the rename, its sync and the journal's removal happen in
-    /// the same one.
-    pub fn commit(&self, mut before: impl FnMut(CommitStep)) -> io::Result<()> {
-        let dir = self.place.dir()?;
-        COMMIT_ORDER.iter().try_for_each(|&step| {
-            before(step);
-            self.run(step, &dir)
-        })
+    /// calling `before` ahead of each step (tests crash the process there).
+    pub fn commit(&self, before: impl FnMut(CommitStep)) -> io::Result<()> {
+        commit_group(&[self], before).map_err(|(_, e)| e)
     }
 
     fn run(&self, step: CommitStep, dir: &File) -> io::Result<()> {

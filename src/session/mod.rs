@@ -10,6 +10,7 @@ pub mod engine;
 pub mod events;
 #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 mod faults;
+pub mod fswork;
 pub mod growth;
 pub mod handshake;
 pub mod probe;

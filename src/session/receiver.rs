@@ -14,6 +14,7 @@ use tokio::task::JoinSet;
 
 use super::budget::FileBudget;
 use super::engine::{channel_ended, conclude};
+use super::fswork::FileWork;
 use super::growth::{admit_channels, recv_or_pending, Arrivals, Growth};
 use super::report::{LiveStats, SideOutcome};
 use super::wire::{read_header, read_payload, ControlReader, ControlWriter};
@@ -25,7 +26,9 @@ use crate::channels::{Digest, Violation};
 use crate::error::{Error, Result};
 use crate::fsio::dest::{Destination, Layout};
 use crate::fsio::ns_to_system_time;
-use crate::fsio::partial::{prepare, CommitStep, FileMeta, PartialFile, Prepared, StreamSink};
+use crate::fsio::partial::{
+    self as partials, prepare, CommitStep, FileMeta, PartialFile, Prepared, StreamSink,
+};
 use crate::fsio::root::Scope;
 use crate::transport::tls::Stream;
 
@@ -91,13 +94,14 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
             slots: HashMap::new(),
         }));
         let (ev_tx, ev_rx) = mpsc::unbounded_channel();
+        let work = FileWork::per_core();
         let mut tasks = JoinSet::new();
         for (i, stream) in std::mem::take(&mut self.channels).into_iter().enumerate() {
-            tasks.spawn(self.channel(&shared, &ev_tx, i, stream).run());
+            tasks.spawn(self.channel(&shared, &ev_tx, &work, i, stream).run());
         }
         // On success the channel tasks end when the sender, having seen every FileDone,
         // closes its channels.
-        let result = self.drive(&shared, &ev_tx, ev_rx, &mut tasks).await;
+        let result = self.drive(&shared, &ev_tx, ev_rx, &work, &mut tasks).await;
         let out = conclude(result, &mut self.ctrl_r, &mut self.ctrl_w, tasks).await?;
         if self.await_telemetry {
             self.final_telemetry().await;
@@ -124,6 +128,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         &self,
         shared: &Arc<Mutex<Shared>>,
         events: &mpsc::UnboundedSender<(u32, Verdict)>,
+        work: &FileWork,
         index: usize,
         stream: Stream,
     ) -> ChannelReceiver {
@@ -132,6 +137,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
             stream,
             shared: shared.clone(),
             events: events.clone(),
+            work: work.clone(),
             live: self.live.clone(),
             key: self.digest_key,
         }
@@ -142,12 +148,16 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         shared: &Arc<Mutex<Shared>>,
         events_tx: &mpsc::UnboundedSender<(u32, Verdict)>,
         mut events: mpsc::UnboundedReceiver<(u32, Verdict)>,
+        work: &FileWork,
         tasks: &mut JoinSet<Result<()>>,
     ) -> Result<SideOutcome> {
         let mut out = SideOutcome::default();
         let mut completion = Completion::default();
         let mut dirs: Vec<(PathBuf, Entry)> = Vec::new();
-        let mut commits: JoinSet<Result<u32>> = JoinSet::new();
+        // Verified files are committed in groups: while one group commits, the files verified
+        // meanwhile wait in `verified` and form the next.
+        let mut commits: JoinSet<Result<Vec<u32>>> = JoinSet::new();
+        let mut verified: Vec<u32> = Vec::new();
         let mut arrivals = Arrivals::take(&mut self.growth);
         // Manifest chunks in order, with their file counts, the first waiting for its files'
         // slots in the budget. The wait lives across turns of the loop, so it keeps its place
@@ -155,6 +165,15 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         let mut waiting: VecDeque<(Vec<Entry>, u64)> = VecDeque::new();
         let mut slots_wait: Option<SlotsWait> = None;
         while !completion.finished() {
+            if commits.is_empty() && !verified.is_empty() {
+                let group = std::mem::take(&mut verified);
+                commits.spawn(commit_group(
+                    work.clone(),
+                    shared.clone(),
+                    group,
+                    self.crash_at,
+                ));
+            }
             if let (None, Some((_, files))) = (&slots_wait, waiting.front()) {
                 slots_wait = Some(Box::pin(slots_for(self.budget.clone(), *files as u32)));
             }
@@ -167,7 +186,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                     }
                     Message::Sealed { file, digests, more } => {
                         let v = lock(shared).tracker.on_sealed(file, digests, more)?;
-                        self.act(shared, file, v, &mut commits, &mut out).await?;
+                        self.act(file, v, &mut verified, &mut out).await?;
                     }
                     Message::Telemetry(b) if self.await_telemetry => self.live.telemetry.absorb(b),
                     Message::AddChannels { count } => {
@@ -184,7 +203,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                 },
                 ev = events.recv() => match ev {
                     Some((file, verdict)) => {
-                        self.act(shared, file, verdict, &mut commits, &mut out).await?;
+                        self.act(file, verdict, &mut verified, &mut out).await?;
                     }
                     None => return Err(Error::PeerVanished),
                 },
@@ -193,7 +212,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                 {
                     slots_wait = None;
                     let (entries, files) = waiting.pop_front().expect("a chunk was waiting");
-                    let plans = self.plan(shared, entries, &mut dirs, &mut out, slots).await?;
+                    let plans = self.plan(shared, work, entries, &mut dirs, &mut out, slots).await?;
                     completion.planned(
                         files,
                         plans.iter().filter(|p| p.action != PlanAction::Skip).count() as u64,
@@ -201,21 +220,26 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                     self.ctrl_w.send(&Message::Plan { files: plans }).await?;
                 }
                 Some(done) = commits.join_next() => {
-                    let file = done.map_err(Error::task("committing a file"))??;
+                    let files = done.map_err(Error::task("committing files"))??;
                     {
                         let mut s = lock(shared);
-                        s.targets.remove(&file);
-                        s.slots.remove(&file);
+                        for file in &files {
+                            s.targets.remove(file);
+                            s.slots.remove(file);
+                        }
                     }
-                    completion.committed();
-                    self.live.file_done();
-                    self.ctrl_w.send(&Message::FileDone { file }).await?;
+                    for file in files {
+                        completion.committed();
+                        self.live.file_done();
+                        self.ctrl_w.queue(&Message::FileDone { file }).await?;
+                    }
+                    self.ctrl_w.flush().await?;
                 }
                 Some((i, stream)) = recv_or_pending(&mut arrivals.joined) => {
                     if let Some(g) = &self.growth {
                         (g.setup)(i as usize, &stream)?;
                     }
-                    tasks.spawn(self.channel(shared, events_tx, i as usize, stream).run());
+                    tasks.spawn(self.channel(shared, events_tx, work, i as usize, stream).run());
                 }
                 Some(r) = tasks.join_next() => {
                     channel_ended(r)?;
@@ -232,28 +256,18 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         Ok(out)
     }
 
-    /// Handles a verdict: commit a complete file, or ask for damaged blocks again.
+    /// Handles a verdict: a complete file joins the next group to commit; damaged blocks are
+    /// asked for again.
     async fn act(
         &mut self,
-        shared: &Arc<Mutex<Shared>>,
         file: u32,
         verdict: Verdict,
-        commits: &mut JoinSet<Result<u32>>,
+        verified: &mut Vec<u32>,
         out: &mut SideOutcome,
     ) -> Result<()> {
         match verdict {
             Verdict::Pending => {}
-            Verdict::Complete { .. } => {
-                let target = lock(shared).targets.get(&file).cloned();
-                let crash_at = self.crash_at;
-                commits.spawn_blocking(move || {
-                    if let Some(Target::Partial(p)) = target.as_deref() {
-                        p.commit(|step| crash_before(step, crash_at))
-                            .map_err(Error::io(format!("committing {}", p.target().display())))?;
-                    }
-                    Ok(file)
-                });
-            }
+            Verdict::Complete { .. } => verified.push(file),
             Verdict::Resend(blocks) => {
                 for block in blocks {
                     out.blocks_resent += 1;
@@ -270,15 +284,18 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
     async fn plan(
         &mut self,
         shared: &Arc<Mutex<Shared>>,
+        work: &FileWork,
         entries: Vec<Entry>,
         dirs: &mut Vec<(PathBuf, Entry)>,
         out: &mut SideOutcome,
         mut slots: Option<OwnedSemaphorePermit>,
     ) -> Result<Vec<FilePlan>> {
         let (sink, bs, key) = (self.sink.clone(), self.block_size, self.digest_key);
-        let prepared = tokio::task::spawn_blocking(move || prepare_chunk(&sink, entries, bs, &key))
-            .await
-            .map_err(Error::task("planning the files"))??;
+        let prepared = work
+            .run("planning the files", move || {
+                prepare_chunk(&sink, entries, bs, &key)
+            })
+            .await??;
         let mut plans = Vec::new();
         let mut s = lock(shared);
         for (entry, target, prep) in prepared {
@@ -331,6 +348,36 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         }
         Ok(plans)
     }
+}
+
+/// Commits a group of verified files on a file thread (see [`crate::fsio::partial::commit_group`]);
+/// gives back their ids.
+async fn commit_group(
+    work: FileWork,
+    shared: Arc<Mutex<Shared>>,
+    files: Vec<u32>,
+    crash_at: Option<CommitStep>,
+) -> Result<Vec<u32>> {
+    let targets: Vec<Arc<Target>> = {
+        let s = lock(&shared);
+        files
+            .iter()
+            .filter_map(|f| s.targets.get(f).cloned())
+            .collect()
+    };
+    work.run("committing files", move || {
+        let partials: Vec<&PartialFile> = targets
+            .iter()
+            .filter_map(|t| match &**t {
+                Target::Partial(p) => Some(p),
+                _ => None,
+            })
+            .collect();
+        partials::commit_group(&partials, |step| crash_before(step, crash_at))
+            .map_err(|(target, e)| Error::io(format!("committing {}", target.display()))(e))?;
+        Ok(files)
+    })
+    .await?
 }
 
 /// A wait for a manifest chunk's slots.
@@ -428,6 +475,7 @@ struct ChannelReceiver {
     stream: Stream,
     shared: Arc<Mutex<Shared>>,
     events: mpsc::UnboundedSender<(u32, Verdict)>,
+    work: FileWork,
     live: Arc<LiveStats>,
     key: DigestKey,
 }
@@ -452,7 +500,8 @@ impl ChannelReceiver {
                 Verdict::Resend(vec![block])
             } else {
                 if let Some(t) = target.filter(|t| !matches!(**t, Target::Discard)) {
-                    let (b, r) = write_target(t, h.offset, block, buf, got.digest).await;
+                    let (b, r) =
+                        write_target(&self.work, t, h.offset, block, buf, got.digest).await;
                     buf = b;
                     r?;
                 }
@@ -468,35 +517,34 @@ impl ChannelReceiver {
     }
 }
 
-/// Writes a checked block to its file (on the blocking pool) and journals it; hands the
-/// buffer back for the next block.
+/// Writes a checked block to its file (on a file thread) and journals it; hands the buffer
+/// back for the next block.
 async fn write_target(
+    work: &FileWork,
     t: Arc<Target>,
     offset: u64,
     block: u64,
     payload: BytesMut,
     digest: Digest,
 ) -> (BytesMut, Result<()>) {
-    let joined = tokio::task::spawn_blocking(move || {
-        let r = match &*t {
-            Target::Partial(p) => {
-                let ctx = || format!("writing {}", p.target().display());
-                p.write_block(offset, &payload)
-                    .and_then(|_| p.record(block, &digest))
-                    .map_err(Error::io(ctx()))
-            }
-            Target::Stream(s) => s
-                .lock()
-                .expect("stream sink lock")
-                .write_block(offset, &payload)
-                .map_err(Error::io("writing to the output stream")),
-            Target::Discard => Ok(()),
-        };
-        (payload, r)
-    })
-    .await;
-    joined.unwrap_or_else(|e| {
-        let err = Error::task("the block writer")(e);
-        (BytesMut::new(), Err(err))
-    })
+    let joined = work
+        .run("writing a block", move || {
+            let r = match &*t {
+                Target::Partial(p) => {
+                    let ctx = || format!("writing {}", p.target().display());
+                    p.write_block(offset, &payload)
+                        .and_then(|_| p.record(block, &digest))
+                        .map_err(Error::io(ctx()))
+                }
+                Target::Stream(s) => s
+                    .lock()
+                    .expect("stream sink lock")
+                    .write_block(offset, &payload)
+                    .map_err(Error::io("writing to the output stream")),
+                Target::Discard => Ok(()),
+            };
+            (payload, r)
+        })
+        .await;
+    joined.unwrap_or_else(|e| (BytesMut::new(), Err(e)))
 }

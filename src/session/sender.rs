@@ -13,6 +13,7 @@ use tokio::task::JoinSet;
 
 use super::engine::{channel_ended, conclude};
 use super::faults::FaultInjection;
+use super::fswork::FileWork;
 use super::growth::{ask_for_channels, recv_or_pending, Arrivals, Growth};
 use super::report::{LiveStats, SideOutcome};
 use super::source::{read_file_block, BlockReader, SendSource};
@@ -66,6 +67,7 @@ struct Crew {
     jobs: async_channel::Receiver<Job>,
     hashed: mpsc::UnboundedSender<Hashed>,
     sent_blocks: Arc<AtomicU64>,
+    work: FileWork,
 }
 
 impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
@@ -77,6 +79,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
             stream,
             jobs: crew.jobs.clone(),
             reader: self.source.reader(),
+            work: crew.work.clone(),
             hashed: crew.hashed.clone(),
             live: self.live.clone(),
             faults: self.faults,
@@ -93,6 +96,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
             jobs: jobs_rx,
             hashed: hashed_tx,
             sent_blocks: Arc::new(AtomicU64::new(0)),
+            work: FileWork::per_core(),
         };
         let mut tasks = JoinSet::new();
         let began = tokio::time::Instant::now();
@@ -160,9 +164,10 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                                 let _ = jobs.send(j).await;
                             }
                             for s in seal {
-                                self.ctrl_w.send(&s).await?;
+                                self.ctrl_w.queue(&s).await?;
                             }
                         }
+                        self.ctrl_w.flush().await?;
                     }
                     Message::Nack { file, block } => {
                         out.blocks_resent += 1;
@@ -192,10 +197,16 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                     tasks.spawn(self.channel(crew, i as usize, stream).run());
                 }
                 h = hashed.recv() => match h {
+                    // The digests already waiting go with it: their seals leave together.
                     Some(h) => {
-                        for seal in planner.on_hashed(h.file, h.block, h.digest)? {
-                            self.ctrl_w.send(&seal).await?;
+                        let mut next = Some(h);
+                        while let Some(h) = next {
+                            for seal in planner.on_hashed(h.file, h.block, h.digest)? {
+                                self.ctrl_w.queue(&seal).await?;
+                            }
+                            next = hashed.try_recv().ok();
                         }
+                        self.ctrl_w.flush().await?;
                     }
                     None => return Err(Error::PeerVanished),
                 },
@@ -225,6 +236,7 @@ struct ChannelSender {
     stream: Stream,
     jobs: async_channel::Receiver<Job>,
     reader: BlockReader,
+    work: FileWork,
     hashed: mpsc::UnboundedSender<Hashed>,
     live: Arc<LiveStats>,
     faults: FaultInjection,
@@ -251,7 +263,8 @@ impl ChannelSender {
                 BlockReader::Pattern(p) => &p[..job.len as usize],
                 BlockReader::Tree(t) => {
                     let (b, r) =
-                        read_file_block(t.clone(), job.file, job.offset, job.len, buf).await;
+                        read_file_block(&self.work, t.clone(), job.file, job.offset, job.len, buf)
+                            .await;
                     buf = b;
                     r?;
                     &buf

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use super::fswork::FileWork;
 use crate::channels::limits::MAX_UNFINISHED_FILES;
 use crate::channels::manifest::{Entry, EntryKind};
 use crate::error::{Error, Result};
@@ -79,24 +80,26 @@ pub enum BlockReader {
     Pattern(Bytes),
 }
 
-/// Reads file blocks into `buf` (on the blocking pool); generated blocks need no reading.
+/// Reads file blocks into `buf` (on a file thread); generated blocks need no reading.
 pub async fn read_file_block(
+    work: &FileWork,
     tree: Arc<SourceTree>,
     file: u32,
     offset: u64,
     len: u32,
     mut buf: Vec<u8>,
 ) -> (Vec<u8>, Result<()>) {
-    let joined = tokio::task::spawn_blocking(move || {
-        let r = match tree.file(file) {
-            Some(src) => read_block(src, offset, len, &mut buf)
-                .map_err(Error::io(format!("reading {}", src.path.display()))),
-            None => Err(Error::Malformed(format!("unknown file {file}"))),
-        };
-        (buf, r)
-    })
-    .await;
-    joined.unwrap_or_else(|e| (Vec::new(), Err(Error::task("the block reader")(e))))
+    let joined = work
+        .run("reading a block", move || {
+            let r = match tree.file(file) {
+                Some(src) => read_block(src, offset, len, &mut buf)
+                    .map_err(Error::io(format!("reading {}", src.path.display()))),
+                None => Err(Error::Malformed(format!("unknown file {file}"))),
+            };
+            (buf, r)
+        })
+        .await;
+    joined.unwrap_or_else(|e| (Vec::new(), Err(e)))
 }
 
 /// Where a manifest chunk starting at `next` ends: at most [`MANIFEST_CHUNK`] entries and

@@ -140,9 +140,19 @@ impl<W: AsyncWrite + Unpin> ControlWriter<W> {
 
     /// Sends one message.
     pub async fn send(&mut self, m: &Message) -> Result<()> {
+        self.queue(m).await?;
+        self.flush().await
+    }
+
+    /// Writes one message without flushing: inside TLS it waits in the session until
+    /// [`Self::flush`], so messages queued together leave in one record and one write.
+    pub async fn queue(&mut self, m: &Message) -> Result<()> {
         let frame = self.seal.seal(m);
-        self.inner.write_all(&frame).await.map_err(closed)?;
-        // Inside TLS the frame waits in the session until flushed.
+        self.inner.write_all(&frame).await.map_err(closed)
+    }
+
+    /// Sends what [`Self::queue`] left waiting.
+    pub async fn flush(&mut self) -> Result<()> {
         self.inner.flush().await.map_err(closed)
     }
 
