@@ -409,8 +409,8 @@ impl Client {
             forward_telemetry: None,
             growth: Some(growth),
         }
-        .run()
-        .await;
+        .run();
+        let out = on_runtime(out).await;
         if let Some(r) = side.sampler.stop() {
             live.telemetry.set_tuner(r);
         }
@@ -447,8 +447,8 @@ impl Client {
             crash_at: None,
             budget: None,
         }
-        .run()
-        .await?;
+        .run();
+        let out = on_runtime(out).await?;
         Ok(self.report(
             name,
             live,
@@ -874,4 +874,16 @@ pub fn bench_limit(bytes: Option<u64>, seconds: Option<f64>) -> Result<BenchLimi
             "bench needs exactly one of a size or a duration of at most a day".into(),
         )),
     }
+}
+
+/// Runs an engine as a task of the runtime, not inside the caller's future: a caller that
+/// is `block_on`'s own future runs on a thread of its own beside the workers, and an
+/// engine's control loop there (a push or pull of many small files keeps it busiest)
+/// could not share the cores with the channel tasks.
+async fn on_runtime<T: Send + 'static>(
+    engine: impl std::future::Future<Output = Result<T>> + Send + 'static,
+) -> Result<T> {
+    tokio::spawn(engine)
+        .await
+        .map_err(Error::task("the transfer"))?
 }

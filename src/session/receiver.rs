@@ -178,32 +178,55 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                 slots_wait = Some(Box::pin(slots_for(self.budget.clone(), *files as u32)));
             }
             tokio::select! {
-                msg = self.ctrl_r.expect() => match msg? {
-                    Message::Manifest { entries, last } => {
-                        let files = entries.iter().filter(|e| e.kind != EntryKind::Dir).count();
-                        completion.announced(files as u64, last)?;
-                        waiting.push_back((entries, files as u64));
-                    }
-                    Message::Sealed { file, digests, more } => {
-                        let v = lock(shared).tracker.on_sealed(file, digests, more)?;
-                        self.act(file, v, &mut verified, &mut out).await?;
-                    }
-                    Message::Telemetry(b) if self.await_telemetry => self.live.telemetry.absorb(b),
-                    Message::AddChannels { count } => {
-                        if let Some(open) = admit_channels(self.growth.as_ref(), count) {
-                            self.ctrl_w.send(&open).await?;
+                // Messages already read go with it, and the verdicts already made: the files
+                // they complete commit as one group.
+                msg = self.ctrl_r.expect() => {
+                    let mut next = Some(msg?);
+                    while let Some(msg) = next.take() {
+                        match msg {
+                            Message::Manifest { entries, last } => {
+                                let files =
+                                    entries.iter().filter(|e| e.kind != EntryKind::Dir).count();
+                                completion.announced(files as u64, last)?;
+                                waiting.push_back((entries, files as u64));
+                            }
+                            Message::Sealed { file, digests, more } => {
+                                let v = lock(shared).tracker.on_sealed(file, digests, more)?;
+                                self.act(file, v, &mut verified, &mut out).await?;
+                            }
+                            Message::Telemetry(b) if self.await_telemetry => {
+                                self.live.telemetry.absorb(b)
+                            }
+                            Message::AddChannels { count } => {
+                                if let Some(open) = admit_channels(self.growth.as_ref(), count) {
+                                    self.ctrl_w.send(&open).await?;
+                                }
+                            }
+                            Message::OpenChannels { first, count } => match &self.growth {
+                                Some(g) => g.connect(first, count),
+                                None => {
+                                    return Err(Violation("unasked OpenChannels".into()).into())
+                                }
+                            },
+                            Message::Abort { message } => {
+                                return Err(Error::PeerAborted(message))
+                            }
+                            other => {
+                                return Err(Violation(format!("unexpected {other:?}")).into())
+                            }
                         }
+                        next = self.ctrl_r.buffered()?;
                     }
-                    Message::OpenChannels { first, count } => match &self.growth {
-                        Some(g) => g.connect(first, count),
-                        None => return Err(Violation("unasked OpenChannels".into()).into()),
-                    },
-                    Message::Abort { message } => return Err(Error::PeerAborted(message)),
-                    other => return Err(Violation(format!("unexpected {other:?}")).into()),
-                },
+                    while let Ok((file, verdict)) = events.try_recv() {
+                        self.act(file, verdict, &mut verified, &mut out).await?;
+                    }
+                }
                 ev = events.recv() => match ev {
                     Some((file, verdict)) => {
                         self.act(file, verdict, &mut verified, &mut out).await?;
+                        while let Ok((file, verdict)) = events.try_recv() {
+                            self.act(file, verdict, &mut verified, &mut out).await?;
+                        }
                     }
                     None => return Err(Error::PeerVanished),
                 },
@@ -231,7 +254,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                     for file in files {
                         completion.committed();
                         self.live.file_done();
-                        self.ctrl_w.queue(&Message::FileDone { file }).await?;
+                        self.ctrl_w.queue(&Message::FileDone { file });
                     }
                     self.ctrl_w.flush().await?;
                 }

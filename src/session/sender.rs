@@ -164,7 +164,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                                 let _ = jobs.send(j).await;
                             }
                             for s in seal {
-                                self.ctrl_w.queue(&s).await?;
+                                self.ctrl_w.queue(&s);
                             }
                         }
                         self.ctrl_w.flush().await?;
@@ -202,7 +202,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                         let mut next = Some(h);
                         while let Some(h) = next {
                             for seal in planner.on_hashed(h.file, h.block, h.digest)? {
-                                self.ctrl_w.queue(&seal).await?;
+                                self.ctrl_w.queue(&seal);
                             }
                             next = hashed.try_recv().ok();
                         }

@@ -13,6 +13,10 @@ use crate::fsio::source::{read_block, SourceTree};
 
 /// Manifest entries per control message.
 pub const MANIFEST_CHUNK: usize = 1000;
+/// A tree's next chunk waits until this many files may be announced (or the rest of the
+/// tree fits): topping the window up by one file per file done made every small file cost
+/// a manifest message, a plan and its file work of its own.
+const REFILL_FILES: u64 = MAX_UNFINISHED_FILES / 4;
 /// Largest generated file in bench mode.
 pub const GENERATED_FILE_MAX: u64 = 256 << 20;
 /// Generated files announced ahead of completion on a short path, and the fewest ever (two
@@ -161,10 +165,12 @@ impl SendSource {
     pub fn next_chunk(&mut self, unfinished: u64, rate: f64) -> Option<(Vec<Entry>, bool)> {
         match self {
             SendSource::Tree { tree, next, ended } => {
-                if *ended || unfinished >= MAX_UNFINISHED_FILES {
+                let room = MAX_UNFINISHED_FILES.saturating_sub(unfinished);
+                let left = (tree.entries.len() - *next) as u64;
+                if *ended || room == 0 || (room < REFILL_FILES && left > room) {
                     return None;
                 }
-                let room = (MAX_UNFINISHED_FILES - unfinished) as usize;
+                let room = room as usize;
                 let end = chunk_end(&tree.entries, *next, room);
                 let chunk = tree.entries[*next..end].to_vec();
                 *next = end;
@@ -271,12 +277,30 @@ mod tests {
             src.next_chunk(MAX_UNFINISHED_FILES, 0.0).is_none(),
             "the window is full"
         );
-        let (more, _) = src.next_chunk(MAX_UNFINISHED_FILES - 3, 0.0).unwrap();
-        assert_eq!(
-            more.iter()
-                .filter(|e| matches!(e.kind, EntryKind::File { .. }))
-                .count(),
-            3
+        assert!(
+            src.next_chunk(MAX_UNFINISHED_FILES - 3, 0.0).is_none(),
+            "three files done are not worth a chunk"
         );
+        let files = |c: Vec<Entry>| {
+            c.iter()
+                .filter(|e| matches!(e.kind, EntryKind::File { .. }))
+                .count() as u64
+        };
+        let (more, _) = src
+            .next_chunk(MAX_UNFINISHED_FILES - REFILL_FILES, 0.0)
+            .unwrap();
+        assert_eq!(files(more), REFILL_FILES, "a quarter of the window is");
+    }
+
+    #[test]
+    fn the_end_of_a_tree_is_announced_however_little_room_is_left() {
+        let mut tree = SourceTree::default();
+        tree.entries = (0..MAX_UNFINISHED_FILES as u32 + 2)
+            .map(|i| entry(i, false))
+            .collect();
+        let mut src = SendSource::tree(tree);
+        src.next_chunk(0, 0.0).unwrap();
+        let (rest, last) = src.next_chunk(MAX_UNFINISHED_FILES - 2, 0.0).unwrap();
+        assert_eq!((rest.len(), last), (2, true));
     }
 }

@@ -80,13 +80,8 @@ impl<R: AsyncRead + Unpin> ControlReader<R> {
     /// The next message; `Ok(None)` on a clean close between messages.
     pub async fn recv(&mut self) -> Result<Option<Message>> {
         loop {
-            match self.seal.open(&self.buf) {
-                Ok(Some((m, used))) => {
-                    self.buf.advance(used);
-                    return Ok(Some(m));
-                }
-                Ok(None) => {}
-                Err(e) => return Err(Error::Malformed(e.to_string())),
+            if let Some(m) = self.buffered()? {
+                return Ok(Some(m));
             }
             if self.inner.read_buf(&mut self.buf).await.map_err(closed)? == 0 {
                 return if self.buf.is_empty() {
@@ -95,6 +90,18 @@ impl<R: AsyncRead + Unpin> ControlReader<R> {
                     Err(Error::PeerVanished)
                 };
             }
+        }
+    }
+
+    /// The next message if it has already been read whole, without waiting for more.
+    pub fn buffered(&mut self) -> Result<Option<Message>> {
+        match self.seal.open(&self.buf) {
+            Ok(Some((m, used))) => {
+                self.buf.advance(used);
+                Ok(Some(m))
+            }
+            Ok(None) => Ok(None),
+            Err(e) => Err(Error::Malformed(e.to_string())),
         }
     }
 
@@ -119,6 +126,8 @@ pub struct ControlWriter<W> {
     /// A server's root, hidden from the abort messages it sends.
     hide: Option<Scope>,
     seal: FrameSeal,
+    /// Frames queued and not yet written.
+    queued: Vec<u8>,
 }
 
 impl<W: AsyncWrite + Unpin> ControlWriter<W> {
@@ -128,6 +137,7 @@ impl<W: AsyncWrite + Unpin> ControlWriter<W> {
             inner,
             hide: None,
             seal,
+            queued: Vec::new(),
         }
     }
 
@@ -140,19 +150,24 @@ impl<W: AsyncWrite + Unpin> ControlWriter<W> {
 
     /// Sends one message.
     pub async fn send(&mut self, m: &Message) -> Result<()> {
-        self.queue(m).await?;
+        self.queue(m);
         self.flush().await
     }
 
-    /// Writes one message without flushing: inside TLS it waits in the session until
-    /// [`Self::flush`], so messages queued together leave in one record and one write.
-    pub async fn queue(&mut self, m: &Message) -> Result<()> {
-        let frame = self.seal.seal(m);
-        self.inner.write_all(&frame).await.map_err(closed)
+    /// Queues one message until [`Self::flush`]: messages queued together leave in one
+    /// write (and, inside TLS, one record). A sender of many small files has a seal and a
+    /// receiver a done notice per file, and a write each was a system call per file.
+    pub fn queue(&mut self, m: &Message) {
+        self.queued.extend_from_slice(&self.seal.seal(m));
     }
 
     /// Sends what [`Self::queue`] left waiting.
     pub async fn flush(&mut self) -> Result<()> {
+        if !self.queued.is_empty() {
+            self.inner.write_all(&self.queued).await.map_err(closed)?;
+            self.queued.clear();
+        }
+        // Inside TLS the last record waits in the session until flushed.
         self.inner.flush().await.map_err(closed)
     }
 
