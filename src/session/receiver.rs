@@ -27,7 +27,7 @@ use crate::error::{Error, Result};
 use crate::fsio::dest::{Destination, Layout};
 use crate::fsio::ns_to_system_time;
 use crate::fsio::partial::{
-    self as partials, prepare, CommitStep, FileMeta, PartialFile, Prepared, StreamSink,
+    self as partials, prepare_in, CommitStep, FileMeta, OpenDir, PartialFile, Prepared, StreamSink,
 };
 use crate::fsio::root::Scope;
 use crate::transport::tls::Stream;
@@ -432,6 +432,7 @@ fn prepare_chunk(
     key: &DigestKey,
 ) -> Result<Vec<PreparedEntry>> {
     let mut out = Vec::with_capacity(entries.len());
+    let mut dirs = OpenDir::default();
     for e in entries {
         let (target, prep) = match sink {
             Sink::Discard => (PathBuf::new(), None),
@@ -451,7 +452,7 @@ fn prepare_chunk(
                             mode: e.mode,
                             mtime_ns: e.mtime_ns,
                         };
-                        let p = prepare(dest.scope(), &target, meta, bs, key)
+                        let p = prepare_in(&mut dirs, dest.scope(), &target, meta, bs, key)
                             .map_err(Error::io(format!("creating {}", target.display())))?;
                         (target, Some(p))
                     }
