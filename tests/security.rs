@@ -116,7 +116,7 @@ async fn raw(addr: std::net::SocketAddr) -> Stream {
     let mut s = open(addr).await;
     let mut hello = [0u8; 36];
     s.read_exact(&mut hello).await.unwrap();
-    assert_eq!(&hello[..4], b"HXS3");
+    assert_eq!(&hello[..4], b"HXS4");
     s
 }
 
@@ -417,41 +417,67 @@ async fn hostile_values_in_a_request_or_manifest_end_only_their_session() {
     }
     assert!(!root.path().join("huge").exists());
 
-    // More files announced at once than a receiver holds open: refused before any is opened.
-    let (mut s, _) = ask(
-        addr,
-        control::Request {
-            op: Operation::Push {
-                dest: "many".into(),
-                sources: 1,
+    // More files in one piece of the manifest than a receiver's budget takes at once, or more
+    // announced and not done than a receiver holds open: refused before any is opened.
+    for (pieces, message) in [
+        (vec![300], "more than 256"),
+        (vec![256, 256, 256, 256, 1], "more than 1024 files"),
+    ] {
+        let (mut s, _) = ask(
+            addr,
+            control::Request {
+                op: Operation::Push {
+                    dest: "many".into(),
+                    sources: 1,
+                },
+                ..bench_request(BenchDirection::Upload, 1.0)
             },
-            ..bench_request(BenchDirection::Upload, 1.0)
-        },
-    )
-    .await;
-    let mut data = open(addr).await;
-    handshake::client_join(&mut data, &s.key, s.session, 0, "t")
-        .await
-        .unwrap();
-    let entries = (0..300)
-        .map(|id| Entry {
-            id,
-            path: format!("many/{id}"),
-            mode: 0o644,
-            mtime_ns: 0,
-            kind: EntryKind::File { size: 1 },
-        })
-        .collect();
-    let manifest = Message::Manifest {
-        entries,
-        last: true,
-    };
-    s.w.send(&manifest).await.unwrap();
-    match answer(&mut s.r).await {
-        Message::Abort { message } => assert!(message.contains("more than 256 files"), "{message}"),
-        other => panic!("{other:?}"),
+        )
+        .await;
+        let mut data = open(addr).await;
+        handshake::client_join(&mut data, &s.key, s.session, 0, "t")
+            .await
+            .unwrap();
+        let mut next = 1;
+        for (i, &count) in pieces.iter().enumerate() {
+            let dir = Entry {
+                id: 0,
+                path: "many".into(),
+                mode: 0o755,
+                mtime_ns: 0,
+                kind: EntryKind::Dir,
+            };
+            let files = (next..next + count).map(|id| Entry {
+                id,
+                path: format!("many/{id}"),
+                mode: 0o644,
+                mtime_ns: 0,
+                kind: EntryKind::File { size: 1 },
+            });
+            let entries = (i == 0).then_some(dir).into_iter().chain(files).collect();
+            next += count;
+            let last = i + 1 == pieces.len();
+            s.w.send(&Message::Manifest { entries, last })
+                .await
+                .unwrap();
+        }
+        loop {
+            match answer(&mut s.r).await {
+                Message::Plan { .. } => {}
+                Message::Abort { message: m } => {
+                    assert!(m.contains(message), "{pieces:?}: {m}");
+                    break;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        if pieces.len() == 1 {
+            assert!(
+                !root.path().join("many").exists(),
+                "a refused piece opens nothing"
+            );
+        }
     }
-    assert!(!root.path().join("many").exists());
     push_ok(addr, Auth::NoAuth, &src.path().join("f"), "fine").await;
 }
 

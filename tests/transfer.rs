@@ -288,7 +288,7 @@ async fn a_server_of_another_protocol_version_is_named_as_such() {
     assert!(matches!(e, hsxfer::Error::Protocol(_)), "{e:?}");
     let msg = e.to_string();
     assert!(
-        msg.contains("another version") && msg.contains("HXS1") && msg.contains("HXS3"),
+        msg.contains("another version") && msg.contains("HXS1") && msg.contains("HXS4"),
         "{msg}"
     );
 }

@@ -20,7 +20,7 @@
 //! text. The handshake itself authenticates; secrecy comes from the TLS around it.
 
 /// Wire tag and version of the server's opening message.
-pub const SERVER_HELLO_TAG: [u8; 4] = *b"HXS3";
+pub const SERVER_HELLO_TAG: [u8; 4] = *b"HXS4";
 /// Tag of a client hello that opens a control connection.
 pub const CONTROL_TAG: [u8; 4] = *b"HXCC";
 /// Tag of a client hello that joins a data channel to a session.

@@ -654,7 +654,7 @@ mod tests {
         assert_eq!(
             c.handle(&old),
             Err(HandshakeError::OtherVersion {
-                ours: '3',
+                ours: '4',
                 theirs: '2'
             })
         );

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use super::blocks;
 use super::frame::BlockHeader;
-use super::limits::MAX_UNFINISHED_FILES;
+use super::limits::{MAX_CHUNK_FILES, MAX_UNFINISHED_FILES};
 use super::{Digest, Violation};
 
 /// What the receiver must do after an event.
@@ -166,9 +166,15 @@ pub struct Completion {
 
 impl Completion {
     /// A piece of the manifest announcing `files` files (directories not counted); `last`
-    /// when no piece follows. Refused, before any file is opened, when it would take the
-    /// session past [`MAX_UNFINISHED_FILES`].
+    /// when no piece follows. Refused, before any file is opened, when it holds more than
+    /// [`MAX_CHUNK_FILES`] or would take the session past [`MAX_UNFINISHED_FILES`].
     pub fn announced(&mut self, files: u64, last: bool) -> Result<(), Violation> {
+        if files > MAX_CHUNK_FILES {
+            return Err(Violation(format!(
+                "the sender announced {files} files in one piece of its manifest, more than \
+                 {MAX_CHUNK_FILES} (run the same hsxfer version on both ends)"
+            )));
+        }
         if self.unplanned + self.unfinished + files > MAX_UNFINISHED_FILES {
             return Err(Violation(format!(
                 "the sender announced more than {MAX_UNFINISHED_FILES} files not yet done (run \
@@ -332,15 +338,27 @@ mod tests {
     #[test]
     fn a_sender_may_not_keep_too_many_files_unfinished() {
         let mut c = Completion::default();
-        c.announced(MAX_UNFINISHED_FILES - 1, false).unwrap();
+        let chunks = MAX_UNFINISHED_FILES / MAX_CHUNK_FILES;
+        for _ in 0..chunks - 1 {
+            c.announced(MAX_CHUNK_FILES, false).unwrap();
+        }
+        c.announced(MAX_CHUNK_FILES - 1, false).unwrap();
         // Files waiting for their plan count too.
         c.announced(1, false).unwrap();
         let e = c.announced(1, false).unwrap_err();
-        assert!(e.0.contains("more than 256 files"), "{e}");
+        assert!(e.0.contains("more than 1024 files"), "{e}");
         c.planned(MAX_UNFINISHED_FILES - 1, MAX_UNFINISHED_FILES - 1);
         c.planned(1, 1);
         assert!(c.announced(1, false).is_err());
         c.committed();
         c.announced(1, true).unwrap();
+    }
+
+    #[test]
+    fn a_manifest_piece_may_not_hold_more_files_than_a_budget_takes_at_once() {
+        let mut c = Completion::default();
+        let e = c.announced(MAX_CHUNK_FILES + 1, false).unwrap_err();
+        assert!(e.0.contains("more than 256"), "{e}");
+        c.announced(MAX_CHUNK_FILES, false).unwrap();
     }
 }

@@ -492,8 +492,8 @@ pub fn main() -> ExitCode {
 
 /// Raises the soft limit on open files to the hard one: the usual soft limit of 1,024 is a
 /// default for interactive shells, and a server serves many sessions of many channels each.
-/// Transfers bound what they hold open anyway (`channels::limits::MAX_UNFINISHED_FILES`), so
-/// a hard limit of 1,024 works too.
+/// Transfers bound what they hold open anyway (`session::budget::FileBudget`), so a hard
+/// limit of 1,024 works too.
 fn raise_open_files_limit() {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {

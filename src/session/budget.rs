@@ -1,15 +1,15 @@
-//! The server's budget of files open for receiving, shared by all its sessions. A session may
-//! hold [`MAX_UNFINISHED_FILES`] files being received (a partial file and a restart journal
-//! each), so a few sessions with large trees would otherwise run a server at the common
+//! A process's budget of files open for receiving, shared by all its sessions. A session may
+//! hold [`MAX_UNFINISHED_FILES`](crate::channels::limits::MAX_UNFINISHED_FILES) files being received (a partial file and a restart journal
+//! each), so one large tree, or a few, would otherwise run a process at the common
 //! `ulimit -n 1024` out of descriptors. A session takes one slot per file of a manifest chunk
 //! before it opens them, and gives each back when that file is committed; a session that
-//! finds the budget spent waits, and its sender with it, until others commit.
+//! finds the budget spent waits, and its sender with it, until files commit.
 
 use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::channels::limits::MAX_UNFINISHED_FILES;
+use crate::channels::limits::MAX_CHUNK_FILES;
 
 /// Descriptors each file being received may hold: its partial file and its journal.
 const DESCRIPTORS_PER_FILE: u64 = 2;
@@ -37,10 +37,10 @@ pub struct FileBudget {
 }
 
 impl FileBudget {
-    /// A budget of `slots` files (at least [`MAX_UNFINISHED_FILES`], so that one manifest
-    /// chunk always fits).
+    /// A budget of `slots` files (at least [`MAX_CHUNK_FILES`], so that one manifest chunk
+    /// always fits).
     pub fn with_slots(slots: u64) -> Self {
-        let slots = slots.max(MAX_UNFINISHED_FILES) as usize;
+        let slots = slots.max(MAX_CHUNK_FILES) as usize;
         FileBudget {
             slots: Arc::new(Semaphore::new(slots)),
         }
@@ -53,6 +53,13 @@ impl FileBudget {
             .map(|(soft, _)| soft)
             .unwrap_or(1024);
         Self::with_slots(limit / 2 / DESCRIPTORS_PER_FILE)
+    }
+
+    /// One budget for everything this process receives as a client ([`Self::for_this_process`],
+    /// made on first use), so concurrent transfers in one program share it.
+    pub fn of_clients() -> Self {
+        static SHARED: std::sync::OnceLock<FileBudget> = std::sync::OnceLock::new();
+        SHARED.get_or_init(Self::for_this_process).clone()
     }
 
     /// Waits for `files` slots; they return to the budget when dropped (split off one per

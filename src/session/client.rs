@@ -445,7 +445,7 @@ impl Client {
             await_telemetry: true,
             growth: Some(growth),
             crash_at: None,
-            budget: None,
+            budget: Some(super::budget::FileBudget::of_clients()),
         }
         .run();
         let out = on_runtime(out).await?;

@@ -80,8 +80,8 @@ pub struct ReceiveEngine<R, W> {
     pub growth: Option<Growth>,
     /// Test fault: kill this process just before this step of a commit.
     pub crash_at: Option<CommitStep>,
-    /// The server's budget of open files, shared with its other sessions; `None` on a
-    /// client, whose one session is bounded by [`crate::channels::limits::MAX_UNFINISHED_FILES`].
+    /// The process's budget of open files, shared with its other sessions; `None` bounds
+    /// the session only by [`crate::channels::limits::MAX_UNFINISHED_FILES`].
     pub budget: Option<FileBudget>,
 }
 

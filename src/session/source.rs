@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::fswork::FileWork;
-use crate::channels::limits::MAX_UNFINISHED_FILES;
+use crate::channels::limits::{MAX_CHUNK_FILES, MAX_UNFINISHED_FILES};
 use crate::channels::manifest::{Entry, EntryKind};
 use crate::error::{Error, Result};
 use crate::fsio::source::{read_block, SourceTree};
@@ -16,7 +16,7 @@ pub const MANIFEST_CHUNK: usize = 1000;
 /// A tree's next chunk waits until this many files may be announced (or the rest of the
 /// tree fits): topping the window up by one file per file done made every small file cost
 /// a manifest message, a plan and its file work of its own.
-const REFILL_FILES: u64 = MAX_UNFINISHED_FILES / 4;
+const REFILL_FILES: u64 = MAX_CHUNK_FILES;
 /// Largest generated file in bench mode.
 pub const GENERATED_FILE_MAX: u64 = 256 << 20;
 /// Generated files announced ahead of completion on a short path, and the fewest ever (two
@@ -107,8 +107,10 @@ pub async fn read_file_block(
 }
 
 /// Where a manifest chunk starting at `next` ends: at most [`MANIFEST_CHUNK`] entries and
-/// `room` files (directories hold nothing open, so they do not count).
+/// `room` files, and never more than [`MAX_CHUNK_FILES`] (directories hold nothing open, so
+/// they do not count).
 fn chunk_end(entries: &[Entry], next: usize, room: usize) -> usize {
+    let room = room.min(MAX_CHUNK_FILES as usize);
     let mut files = 0;
     let mut end = next;
     while end < entries.len() && end - next < MANIFEST_CHUNK {
@@ -261,45 +263,47 @@ mod tests {
         // 1,500 files with a directory every 100 entries.
         let entries: Vec<Entry> = (0..1500).map(|i| entry(i, i % 100 == 0)).collect();
         assert_eq!(chunk_end(&entries, 0, 5), 6, "the directory does not count");
-        assert_eq!(chunk_end(&entries, 0, 10_000), MANIFEST_CHUNK);
+        assert_eq!(
+            chunk_end(&entries, 0, 10_000),
+            MAX_CHUNK_FILES as usize + 3,
+            "a chunk holds at most MAX_CHUNK_FILES files"
+        );
         assert_eq!(chunk_end(&entries, 1400, 10_000), 1500);
-        let mut tree = SourceTree::default();
-        tree.entries = entries;
-        let mut src = SendSource::tree(tree);
-        let (first, last) = src.next_chunk(0, 0.0).unwrap();
-        let files = first
-            .iter()
-            .filter(|e| matches!(e.kind, EntryKind::File { .. }))
-            .count();
-        assert_eq!(files as u64, MAX_UNFINISHED_FILES);
-        assert!(!last);
-        assert!(
-            src.next_chunk(MAX_UNFINISHED_FILES, 0.0).is_none(),
-            "the window is full"
-        );
-        assert!(
-            src.next_chunk(MAX_UNFINISHED_FILES - 3, 0.0).is_none(),
-            "three files done are not worth a chunk"
-        );
-        let files = |c: Vec<Entry>| {
+        let dirs: Vec<Entry> = (0..1500).map(|i| entry(i, true)).collect();
+        assert_eq!(chunk_end(&dirs, 0, 10_000), MANIFEST_CHUNK);
+        let files = |c: &[Entry]| {
             c.iter()
                 .filter(|e| matches!(e.kind, EntryKind::File { .. }))
                 .count() as u64
         };
+        let mut tree = SourceTree::default();
+        tree.entries = entries;
+        let mut src = SendSource::tree(tree);
+        let mut unfinished = 0;
+        while let Some((chunk, last)) = src.next_chunk(unfinished, 0.0) {
+            assert!(!last);
+            unfinished += files(&chunk);
+        }
+        assert_eq!(unfinished, MAX_UNFINISHED_FILES, "the window is full");
+        assert!(
+            src.next_chunk(MAX_UNFINISHED_FILES - 3, 0.0).is_none(),
+            "three files done are not worth a chunk"
+        );
         let (more, _) = src
             .next_chunk(MAX_UNFINISHED_FILES - REFILL_FILES, 0.0)
             .unwrap();
-        assert_eq!(files(more), REFILL_FILES, "a quarter of the window is");
+        assert_eq!(files(&more), REFILL_FILES, "a chunk's worth is");
     }
 
     #[test]
     fn the_end_of_a_tree_is_announced_however_little_room_is_left() {
         let mut tree = SourceTree::default();
-        tree.entries = (0..MAX_UNFINISHED_FILES as u32 + 2)
+        tree.entries = (0..MAX_CHUNK_FILES as u32 + 2)
             .map(|i| entry(i, false))
             .collect();
         let mut src = SendSource::tree(tree);
-        src.next_chunk(0, 0.0).unwrap();
+        let (first, _) = src.next_chunk(0, 0.0).unwrap();
+        assert_eq!(first.len() as u64, MAX_CHUNK_FILES);
         let (rest, last) = src.next_chunk(MAX_UNFINISHED_FILES - 2, 0.0).unwrap();
         assert_eq!((rest.len(), last), (2, true));
     }
