@@ -1,7 +1,8 @@
 //! Micro-benchmarks of the per-byte and per-block hot paths: block digests (keyed BLAKE3,
 //! whole and in cache-sized pieces), frame header encode/decode, the block scheduler (planner)
-//! the receive tracker, and the AEADs a TLS 1.3 record can be sealed with (which suite is
-//! cheapest on this CPU decides the order hsxfer offers them in).
+//! the receive tracker, the AEADs a TLS 1.3 record can be sealed with (which suite is
+//! cheapest on this CPU decides the order hsxfer offers them in), and what running a quick
+//! file job costs inline against a hop to a blocking thread.
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use hsxfer::channels::control::{FilePlan, PlanAction};
@@ -126,5 +127,46 @@ fn tls_records(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, digests, framing, scheduling, tls_records);
+/// A quick file job (a `stat`, as cheap as a small write to the page cache) run through
+/// `FileWork`, which runs it inline once it has seen it is quick, against the
+/// `spawn_blocking` hop per job it replaced. The difference is what each small file saved
+/// per read, write and commit.
+fn file_work(c: &mut Criterion) {
+    use hsxfer::session::fswork::FileWork;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut g = c.benchmark_group("file_job");
+    let work = FileWork::per_core();
+    g.bench_function("file_work_inline", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                work.run("stat", || std::fs::metadata("/").is_ok())
+                    .await
+                    .unwrap()
+            })
+        })
+    });
+    g.bench_function("spawn_blocking", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                tokio::task::spawn_blocking(|| std::fs::metadata("/").is_ok())
+                    .await
+                    .unwrap()
+            })
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    digests,
+    framing,
+    scheduling,
+    tls_records,
+    file_work
+);
 criterion_main!(benches);
