@@ -549,23 +549,30 @@ fn a_2000_file_tree_pushes_and_pulls_at_ulimit_n_1024() {
 
 /// The receiving server killed (SIGKILL, as a power cut would stop it) just before each step
 /// of a commit: under the final name there is nothing or the whole verified file, and a rerun
-/// ends with the file byte-identical and no temporary file left beside it.
+/// ends with the file byte-identical and no temporary file left beside it. Both kinds of
+/// file: three blocks (a named part file and its journal) and one (written unnamed).
 #[test]
 fn a_receiver_killed_at_each_commit_step_ends_byte_identical_after_a_rerun() {
     use std::os::unix::process::ExitStatusExt;
     let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("f");
-    random_file(&src, 3 << 20, 21);
-    let want = sha256(&src);
-    let s = src.to_str().unwrap();
-    for step in [
-        "set-attributes",
-        "sync-file",
-        "rename",
-        "sync-dir",
-        "remove-journal",
-    ] {
-        let root = dir.path().join(step);
+    for (size, step) in [3 << 20, 100 << 10].into_iter().flat_map(|size| {
+        [
+            "set-attributes",
+            "sync-file",
+            "rename",
+            "sync-dir",
+            "remove-journal",
+        ]
+        .map(|step| (size, step))
+    }) {
+        let src = dir.path().join(format!("f{size}"));
+        if !src.exists() {
+            random_file(&src, size, 21);
+        }
+        let want = sha256(&src);
+        let s = src.to_str().unwrap();
+        let step_dir = format!("{step}-{size}");
+        let root = dir.path().join(&step_dir);
         fs::create_dir(&root).unwrap();
         let port = free_port();
         let p = port.to_string();
@@ -587,15 +594,18 @@ fn a_receiver_killed_at_each_commit_step_ends_byte_identical_after_a_rerun() {
             s,
             "127.0.0.1:f",
         ];
-        assert!(!hsxfer(&copy).status.success(), "{step}: the server died");
+        assert!(
+            !hsxfer(&copy).status.success(),
+            "{step_dir}: the server died"
+        );
         let status = server.wait().unwrap();
-        assert_eq!(status.signal(), Some(9), "{step}: killed at the step");
+        assert_eq!(status.signal(), Some(9), "{step_dir}: killed at the step");
         let target = root.join("f");
         if target.exists() {
             assert_eq!(
                 sha256(&target),
                 want,
-                "{step}: only a whole file takes the name"
+                "{step_dir}: only a whole file takes the name"
             );
         }
         let port = free_port();
@@ -614,15 +624,15 @@ fn a_receiver_killed_at_each_commit_step_ends_byte_identical_after_a_rerun() {
         let out = hsxfer(&copy);
         assert!(
             out.status.success(),
-            "{step}: {}",
+            "{step_dir}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        assert_eq!(sha256(&target), want, "{step}");
+        assert_eq!(sha256(&target), want, "{step_dir}");
         let left: Vec<_> = fs::read_dir(&root)
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
-        assert_eq!(left, ["f"], "{step}: nothing left beside the file");
+        assert_eq!(left, ["f"], "{step_dir}: nothing left beside the file");
     }
 }
 

@@ -60,7 +60,8 @@ pub enum CommitStep {
     SetAttributes,
     /// `fsync` of the part file: its bytes and attributes are durable.
     SyncFile,
-    /// `rename` of the part file to the final name.
+    /// `rename` of the part file to the final name (or, for a new file of one block written
+    /// unnamed, its `linkat` under that name).
     Rename,
     /// `fsync` of the directory: the new name is durable.
     SyncDir,
@@ -128,7 +129,7 @@ struct Journal {
     last_flush: Instant,
 }
 
-/// A file being received under a temporary name.
+/// A file being received under a temporary name, or under none.
 pub struct PartialFile {
     file: File,
     place: Place,
@@ -136,6 +137,8 @@ pub struct PartialFile {
     meta: FileMeta,
     block_size: u32,
     committed: AtomicBool,
+    /// An `O_TMPFILE`: it has no name until its commit links it in.
+    unnamed: bool,
 }
 
 /// Where a target and its temporary files live: every step opens the directory afresh
@@ -225,22 +228,42 @@ pub fn prepare_in(
 ) -> io::Result<Prepared> {
     let place = Place::of(scope, target)?;
     let dir = dirs.of(&place)?;
-    match at::stat(dir, &place.name)? {
-        Some(m) if at::is_dir(&m) => {
+    let existing = at::stat(dir, &place.name)?;
+    match &existing {
+        Some(m) if at::is_dir(m) => {
             return Err(io::Error::new(
                 io::ErrorKind::IsADirectory,
                 format!("cannot overwrite directory {}", target.display()),
             ))
         }
         Some(m)
-            if at::is_file(&m)
+            if at::is_file(m)
                 && m.st_size as u64 == meta.size
-                && at::mtime_ns(&m) == meta.mtime_ns =>
+                && at::mtime_ns(m) == meta.mtime_ns =>
         {
             remove_leftovers(dir, &place);
             return Ok(Prepared::Skip);
         }
         _ => {}
+    }
+    // A new file of one block has nothing to resume: it is written unnamed and linked in at
+    // its commit, which spares a name to create, lock, truncate and rename per small file,
+    // and a crash leaves nothing behind.
+    if existing.is_none() && blocks::count(meta.size, block_size) <= 1 {
+        if let Some(file) = open_unnamed(dir) {
+            return Ok(Prepared::Write {
+                file: Box::new(PartialFile {
+                    file,
+                    place,
+                    journal: None,
+                    meta,
+                    block_size,
+                    committed: AtomicBool::new(false),
+                    unnamed: true,
+                }),
+                have: Vec::new(),
+            });
+        }
     }
     let file = at::open(
         dir,
@@ -315,9 +338,69 @@ pub fn prepare_in(
             meta,
             block_size,
             committed: AtomicBool::new(false),
+            unnamed: false,
         }),
         have,
     })
+}
+
+/// An unnamed file in `dir` (`O_TMPFILE`), or `None` where the filesystem has none (the
+/// named part file then serves).
+fn open_unnamed(dir: &File) -> Option<File> {
+    at::open(dir, ".", OFlag::O_TMPFILE | OFlag::O_RDWR, 0o600).ok()
+}
+
+/// Gives the unnamed `file` the name `name` in `dir`. A name that appeared meanwhile is
+/// replaced, as a rename would: the file is linked in beside it and renamed over it.
+fn link_unnamed(dir: &File, file: &File, name: &str, part: &str) -> io::Result<()> {
+    match link(dir, file, name) {
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+            link(dir, file, part)?;
+            at::rename(dir, part, name)
+        }
+        other => other,
+    }
+}
+
+/// `linkat` of an open file into `dir`: through `/proc/self/fd`, which needs no privilege,
+/// or `AT_EMPTY_PATH` where `/proc` is not mounted (that needs `CAP_DAC_READ_SEARCH`).
+fn link(dir: &File, file: &File, name: &str) -> io::Result<()> {
+    let name = std::ffi::CString::new(name).map_err(io::Error::other)?;
+    let proc = std::ffi::CString::new(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .expect("no NUL in a number");
+    // SAFETY: linkat with NUL-terminated paths that outlive the call and descriptors this
+    // function borrows.
+    let rc = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            proc.as_ptr(),
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::ENOENT) {
+        return Err(e);
+    }
+    // SAFETY: as above, with an empty path naming `file` itself.
+    let rc = unsafe {
+        libc::linkat(
+            file.as_raw_fd(),
+            c"".as_ptr(),
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// Commits several verified files at once (a group commit). Each file goes through the
@@ -456,6 +539,12 @@ impl PartialFile {
                     .set_modified(ns_to_system_time(self.meta.mtime_ns))
             }
             CommitStep::SyncFile => self.file.sync_all(),
+            CommitStep::Rename if self.unnamed => {
+                let part = self.place.sibling(PART_SUFFIX);
+                link_unnamed(dir, &self.file, &self.place.name, &part)?;
+                self.committed.store(true, Ordering::SeqCst);
+                Ok(())
+            }
             CommitStep::Rename => {
                 let part = self.place.sibling(PART_SUFFIX);
                 // The name must still hold the file written and verified here.
@@ -504,6 +593,7 @@ impl Drop for PartialFile {
                     }
                 }
             }
+            None if self.unnamed => {}
             None => {
                 if let Ok(dir) = self.place.dir() {
                     let _ = at::remove(&dir, &self.place.sibling(PART_SUFFIX));
@@ -614,6 +704,44 @@ mod tests {
             prepare(&Scope::Local, &target, meta(11), 4, &KEY).unwrap(),
             Prepared::Write { .. }
         ));
+    }
+
+    /// A new file of one block is written unnamed: nothing appears in its directory until its
+    /// commit links it in, and an interrupted one leaves nothing. A name that appeared
+    /// meanwhile is replaced, as a rename would replace it.
+    #[test]
+    fn a_new_one_block_file_has_no_name_until_its_commit() {
+        let t = tempfile::tempdir().unwrap();
+        let target = t.path().join("f");
+        let names = || {
+            fs::read_dir(t.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect::<Vec<_>>()
+        };
+        let write = || {
+            let Prepared::Write { file, have } =
+                prepare(&Scope::Local, &target, meta(3), 4, &KEY).unwrap()
+            else {
+                panic!("a new file is written")
+            };
+            assert!(have.is_empty());
+            file.write_block(0, b"abc").unwrap();
+            file
+        };
+        let file = write();
+        assert!(file.unnamed, "this filesystem has O_TMPFILE");
+        assert!(names().is_empty(), "{:?}", names());
+        drop(file);
+        assert!(names().is_empty(), "an interrupted one leaves nothing");
+        let file = write();
+        fs::write(&target, b"someone else's").unwrap();
+        file.commit(|_| {}).unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"abc");
+        assert_eq!(names(), ["f"]);
+        let m = fs::metadata(&target).unwrap();
+        assert_eq!(m.permissions().mode() & 0o7777, 0o640);
+        assert_eq!(system_time_to_ns(m.modified().unwrap()), meta(3).mtime_ns);
     }
 
     /// A journal is a claim about bytes on disk: a block whose bytes no longer hash to the
