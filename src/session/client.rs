@@ -879,11 +879,19 @@ pub fn bench_limit(bytes: Option<u64>, seconds: Option<f64>) -> Result<BenchLimi
 /// Runs an engine as a task of the runtime, not inside the caller's future: a caller that
 /// is `block_on`'s own future runs on a thread of its own beside the workers, and an
 /// engine's control loop there (a push or pull of many small files keeps it busiest)
-/// could not share the cores with the channel tasks.
+/// could not share the cores with the channel tasks. Dropping the caller's future still
+/// stops the transfer: the task is aborted with it.
 async fn on_runtime<T: Send + 'static>(
     engine: impl std::future::Future<Output = Result<T>> + Send + 'static,
 ) -> Result<T> {
-    tokio::spawn(engine)
-        .await
-        .map_err(Error::task("the transfer"))?
+    /// Aborts the engine's task when the future awaiting it is dropped.
+    struct AbortOnDrop(tokio::task::AbortHandle);
+    impl Drop for AbortOnDrop {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    let task = tokio::spawn(engine);
+    let _stop_with_caller = AbortOnDrop(task.abort_handle());
+    task.await.map_err(Error::task("the transfer"))?
 }
