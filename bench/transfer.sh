@@ -4,6 +4,8 @@
 #   a. memory-to-memory   hsxfer bench            vs  iperf3 -P N           (target >= 1.0x)
 #   b. pull one big file  hsxfer copy  -> /dev/null vs  globus-url-copy -p N  (target >= 1.0x)
 #   c. many small files   hsxfer copy -r          vs  globus-url-copy -cc 4 -pp -r (target >= 3x)
+#   d. pull one big file into a file, both verified:
+#                         hsxfer copy             vs  globus-url-copy -p N -verify-checksum (target >= 2x)
 #
 # Every comparison is repeated R times, alternating the two tools run by run (odd runs:
 # hsxfer first, even runs: reference first); the median of each tool and the ratio
@@ -33,7 +35,7 @@ Options:
   --small-size SIZE   size of each small file, numfmt --from=iec syntax (default 64K)
   --bench-time S      seconds for the memory-to-memory test a (default 10)
   --streams N         parallel streams: hsxfer -n N, iperf3 -P N, globus-url-copy -p N (default 8)
-  --only LIST         run only some tests, comma separated subset of a,b,c (default a,b,c)
+  --only LIST         run only some tests, comma separated subset of a,b,c,d (default a,b,c,d)
   --quick             smoke check: 1 run, 256M big file, 1000 small files, 3 s bench
                       (explicit flags override the --quick values)
   --out FILE          also write the results as JSON to FILE
@@ -53,7 +55,7 @@ EOF
 }
 
 # ----------------------------------------------------------------------------- options
-RUNS=""; BIG_SIZE=""; SMALL_COUNT=""; BENCH_TIME=""; STREAMS=8; ONLY="a,b,c"
+RUNS=""; BIG_SIZE=""; SMALL_COUNT=""; BENCH_TIME=""; STREAMS=8; ONLY="a,b,c,d"
 QUICK=0; OUT=""; PERF=0; ANON_USER=""; KEEP=0; STRICT=0
 SMALL_FILE_SIZE=65536; SMALL_SIZE_ARG=""
 SMALL_CC=4   # globus-url-copy -cc for the small-files test (per the benchmark spec)
@@ -100,10 +102,10 @@ if [[ -n $SMALL_SIZE_ARG ]]; then
 fi
 SMALL_LABEL=$(numfmt --to=iec-i --suffix=B "$SMALL_FILE_SIZE" | sed 's/\([0-9]\)\([KMG]\)/\1 \2/')
 is_uint "$BIG_BYTES" || die "bad --big-size '$BIG_SIZE'"
-RUN_A=0; RUN_B=0; RUN_C=0
+RUN_A=0; RUN_B=0; RUN_C=0; RUN_D=0
 IFS=',' read -r -a _only <<<"$ONLY"
 for t in "${_only[@]}"; do
-    case "$t" in a) RUN_A=1 ;; b) RUN_B=1 ;; c) RUN_C=1 ;; *) die "--only takes a subset of a,b,c (got '$ONLY')" ;; esac
+    case "$t" in a) RUN_A=1 ;; b) RUN_B=1 ;; c) RUN_C=1 ;; d) RUN_D=1 ;; *) die "--only takes a subset of a,b,c,d (got '$ONLY')" ;; esac
 done
 [[ -n $OUT ]] && { : >"$OUT" 2>/dev/null || die "cannot write --out file '$OUT'"; OUT=$(cd "$(dirname "$OUT")" && pwd)/$(basename "$OUT"); }
 
@@ -302,7 +304,7 @@ record_cmd() { CMD_LINES+=("$1"); }
 BIG="$DATA/big.bin"
 SMALL="$DATA/small"
 SMALL_BYTES=$(( SMALL_COUNT * SMALL_FILE_SIZE ))
-if (( RUN_B )); then
+if (( RUN_B || RUN_D )); then
     log "generating big file: $BIG_SIZE ($BIG_BYTES bytes) from /dev/urandom -> $BIG"
     head -c "$BIG_BYTES" /dev/urandom >"$BIG" || die "generating $BIG failed (tmpfs full?)"
 fi
@@ -343,7 +345,7 @@ if (( RUN_A )); then
     record_cmd "iperf3 server:  $(qcmd "${IPERF_SRV_CMD[@]}")"
 fi
 
-if (( RUN_B || RUN_C )); then
+if (( RUN_B || RUN_C || RUN_D )); then
     pick_port; GFS_PORT=$PORT
     # -c /dev/null: ignore /etc/gridftp.conf; default mode is a foreground daemon that
     # re-execs itself (inetd mode) per connection and setuids to the anonymous user.
@@ -353,7 +355,7 @@ if (( RUN_B || RUN_C )); then
     (( IS_ROOT )) && GFS_CMD+=(-anonymous-user "$ANON_USER")
     if (( IS_ROOT )); then   # GridFTP opens files as the anonymous user: check it can read them
         chk=("$DATA")
-        (( RUN_B )) && chk+=("$BIG")
+        (( RUN_B || RUN_D )) && chk+=("$BIG")
         (( RUN_C )) && chk+=("$(find "$SMALL" -type f -print -quit)")
         for f in "${chk[@]}"; do
             runuser -u "$ANON_USER" -- test -r "$f" \
@@ -543,10 +545,50 @@ if (( RUN_C )); then
     done
 fi
 
+# ============================================================================= d. big file pull, verified
+# GridFTP's own end-to-end check (-verify-checksum: an MD5 of the file at both ends after the
+# transfer) against hsxfer's (on by default). Both write a tmpfs file, removed after each run.
+D_HS=(); D_REF=()
+HS_VBIG_CMD=("$HSXFER" copy -n "$STREAMS" --no-auth --port "$HS_PORT" 127.0.0.1:big.bin "$DEST/big.bin")
+GUC_VBIG_CMD=(globus-url-copy -p "$STREAMS" -verify-checksum "ftp://127.0.0.1:${GFS_PORT}${BIG}" "file://$DEST/big.bin")
+
+d_run() { # tool r
+    local tool=$1 r=$2 out="$LOGS/d.$1.$2.out" err="$LOGS/d.$1.$2.err" mbs cb ca spid
+    if [[ $tool == hsxfer ]]; then spid=$HS_SRV_PID; else spid=$GFS_PID; fi
+    rm -rf -- "$DEST"; mkdir -p "$DEST"
+    cb=$(proc_cpu_s "$spid")
+    if [[ $tool == hsxfer ]]; then run_client d.hsxfer "$out" "$err" "${HS_VBIG_CMD[@]}"
+    else                           run_client d.globus "$out" "$err" "${GUC_VBIG_CMD[@]}"; fi
+    sleep 0.3; ca=$(proc_cpu_s "$spid")
+    if (( RC != 0 )) || ! cmp -s "$BIG" "$DEST/big.bin"; then
+        (( RC == 0 )) && warn "d: $tool's copy differs from the source"
+        if [[ $tool == hsxfer ]]; then D_HS+=(null); else D_REF+=(null); fi
+        ERRORS=$((ERRORS+1)); rm -rf -- "$DEST"; return
+    fi
+    rm -rf -- "$DEST"
+    mbs=$(awk -v b="$BIG_BYTES" -v t="$ELAPSED" 'BEGIN{printf "%.6g", b/1e6/t}')
+    if [[ $tool == hsxfer ]]; then D_HS+=("$mbs"); else D_REF+=("$mbs"); fi
+    add_cpu "d.$tool" "$CPU_S" "$(srv_cpu_delta "$cb" "$ca")" "$BIG_BYTES"
+    log "  d run $r $tool: $(fmt "$mbs" 0) MB/s (${ELAPSED}s)"
+}
+
+if (( RUN_D )); then
+    LOAD_AT[d]=$(cat /proc/loadavg)
+    log "test d: pull $BIG_SIZE file -> tmpfs file, both verified, $RUNS run(s)"
+    record_cmd "d hsxfer:       $(qcmd "${HS_VBIG_CMD[@]}")   # DEST is a fresh empty dir, removed after each run"
+    record_cmd "d reference:    $(qcmd "${GUC_VBIG_CMD[@]}")"
+    between_runs
+    for (( r = 1; r <= RUNS; r++ )); do
+        if (( r % 2 )); then d_run hsxfer "$r"; between_runs; d_run globus "$r"
+        else                  d_run globus "$r"; between_runs; d_run hsxfer "$r"; fi
+        between_runs
+    done
+fi
+
 LOAD_AFTER=$(cat /proc/loadavg)
 
 # ============================================================================= report
-TARGET_A=1.0; TARGET_B=1.0; TARGET_C=3
+TARGET_A=1.0; TARGET_B=1.0; TARGET_C=3; TARGET_D=2
 MISSED=0
 verdict() { # ratio target
     awk -v r="$1" -v t="$2" 'BEGIN{ if (r=="null"||r=="") print "n/a (FAIL)"; else if (r+0 >= t+0) print "PASS"; else print "FAIL" }'
@@ -555,10 +597,13 @@ verdict() { # ratio target
 A_HS_MED=$(median "${A_HS[@]}");  A_REF_MED=$(median "${A_REF[@]}");  A_RATIO=$(fdiv "$A_HS_MED" "$A_REF_MED")
 B_HS_MED=$(median "${B_HS[@]}");  B_REF_MED=$(median "${B_REF[@]}");  B_RATIO=$(fdiv "$B_HS_MED" "$B_REF_MED")
 C_HS_MED=$(median "${C_HS[@]}");  C_REF_MED=$(median "${C_REF[@]}");  C_RATIO=$(fdiv "$C_HS_MED" "$C_REF_MED")
+D_HS_MED=$(median "${D_HS[@]}");  D_REF_MED=$(median "${D_REF[@]}");  D_RATIO=$(fdiv "$D_HS_MED" "$D_REF_MED")
+RES_D=$(verdict "$D_RATIO" "$TARGET_D")
 RES_A=$(verdict "$A_RATIO" "$TARGET_A"); RES_B=$(verdict "$B_RATIO" "$TARGET_B"); RES_C=$(verdict "$C_RATIO" "$TARGET_C")
 (( RUN_A )) && [[ $RES_A != PASS ]] && MISSED=$((MISSED+1))
 (( RUN_B )) && [[ $RES_B != PASS ]] && MISSED=$((MISSED+1))
 (( RUN_C )) && [[ $RES_C != PASS ]] && MISSED=$((MISSED+1))
+(( RUN_D )) && [[ $RES_D != PASS ]] && MISSED=$((MISSED+1))
 C_HS_MB_MED=$(median "${C_HS_MB[@]}"); C_REF_MB_MED=$(median "${C_REF_MB[@]}")
 
 BIG_LABEL=$(numfmt --to=iec-i --suffix=B "$BIG_BYTES")
@@ -578,6 +623,9 @@ fi
 if (( RUN_C )); then
     echo "| c. pull $SMALL_COUNT × $SMALL_LABEL files (tree) | $(fmt "$C_HS_MED" 0) files/s ($(fmt "$C_HS_MB_MED" 0) MB/s) | $(fmt "$C_REF_MED" 0) files/s ($(fmt "$C_REF_MB_MED" 0) MB/s) (globus-url-copy) | $(fmt "$C_RATIO" 2)× | ≥ ${TARGET_C}× | $RES_C |"
 fi
+if (( RUN_D )); then
+    echo "| d. pull $BIG_LABEL file → tmpfs file, verified, $STREAMS streams | $(fmt "$D_HS_MED" 0) MB/s | $(fmt "$D_REF_MED" 0) MB/s (globus-url-copy -verify-checksum) | $(fmt "$D_RATIO" 2)× | ≥ ${TARGET_D}× | $RES_D |"
+fi
 echo
 echo "MB = 10^6 bytes. Ratio = median(hsxfer) / median(reference); for c the ratio is of files/s."
 echo
@@ -587,12 +635,13 @@ echo
             && echo "- a iperf3 end.sum_received.bits_per_second: ${A_REF[*]:-none}"
 [[ -n $A_UNIT_NOTE ]] && echo "- note: $A_UNIT_NOTE"
 (( RUN_B )) && echo "- b hsxfer MB/s: ${B_HS[*]:-none} · globus-url-copy MB/s: ${B_REF[*]:-none} · hsxfer cmp-verified pull: $B_VERIFY"
+(( RUN_D )) && echo "- d hsxfer MB/s: ${D_HS[*]:-none} · globus-url-copy -verify-checksum MB/s: ${D_REF[*]:-none} · both copies cmp-checked every run"
 (( RUN_C )) && echo "- c hsxfer files/s: ${C_HS[*]:-none} · globus-url-copy files/s: ${C_REF[*]:-none} · file counts checked every run · diff -r: hsxfer $C_DIFF_HS, globus $C_DIFF_REF"
 echo
 echo "### CPU"
 echo
 echo "- /proc/loadavg before: $LOAD_BEFORE · after: $LOAD_AFTER"
-for t in a b c; do [[ -n ${LOAD_AT[$t]:-} ]] && echo "- /proc/loadavg at start of test $t: ${LOAD_AT[$t]}"; done
+for t in a b c d; do [[ -n ${LOAD_AT[$t]:-} ]] && echo "- /proc/loadavg at start of test $t: ${LOAD_AT[$t]}"; done
 echo
 echo "CPU-seconds per GB (10^9 bytes) moved, median over runs. Server = utime+stime+cutime+cstime delta of the server process"
 echo "(includes reaped GridFTP per-connection children). Client = perf stat task-clock (only with --perf)."
@@ -602,6 +651,7 @@ echo "|---|---|---|---|---|"
 (( RUN_A )) && echo "| a | $(fmt "$(cpu_per_gb a.hsxfer client)" 3) | $(fmt "$(cpu_per_gb a.iperf3 client)" 3) | $(fmt "$(cpu_per_gb a.hsxfer server)" 3) | $(fmt "$(cpu_per_gb a.iperf3 server)" 3) |"
 (( RUN_B )) && echo "| b | $(fmt "$(cpu_per_gb b.hsxfer client)" 3) | $(fmt "$(cpu_per_gb b.globus client)" 3) | $(fmt "$(cpu_per_gb b.hsxfer server)" 3) | $(fmt "$(cpu_per_gb b.globus server)" 3) |"
 (( RUN_C )) && echo "| c | $(fmt "$(cpu_per_gb c.hsxfer client)" 3) | $(fmt "$(cpu_per_gb c.globus client)" 3) | $(fmt "$(cpu_per_gb c.hsxfer server)" 3) | $(fmt "$(cpu_per_gb c.globus server)" 3) |"
+(( RUN_D )) && echo "| d | $(fmt "$(cpu_per_gb d.hsxfer client)" 3) | $(fmt "$(cpu_per_gb d.globus client)" 3) | $(fmt "$(cpu_per_gb d.hsxfer server)" 3) | $(fmt "$(cpu_per_gb d.globus server)" 3) |"
 echo
 echo "### Commands"
 echo
@@ -625,7 +675,9 @@ if [[ -n $OUT ]]; then
         --argjson small_count "$SMALL_COUNT" --argjson small_file_size "$SMALL_FILE_SIZE" \
         --arg hsxfer "$HSXFER" --arg load_before "$LOAD_BEFORE" --arg load_after "$LOAD_AFTER" \
         --argjson perf "$PERF" --argjson errors "$ERRORS" --argjson commands "$cmds_json" \
-        --argjson run_a "$RUN_A" --argjson run_b "$RUN_B" --argjson run_c "$RUN_C" \
+        --argjson run_a "$RUN_A" --argjson run_b "$RUN_B" --argjson run_c "$RUN_C" --argjson run_d "$RUN_D" \
+        --argjson d_hs "$(json_arr "${D_HS[@]}")" --argjson d_ref "$(json_arr "${D_REF[@]}")" \
+        --argjson d_hs_med "$D_HS_MED" --argjson d_ref_med "$D_REF_MED" --argjson d_ratio "$D_RATIO" \
         --argjson a_hs "$(json_arr "${A_HS[@]}")" --argjson a_ref "$(json_arr "${A_REF[@]}")" \
         --argjson a_hs_med "$A_HS_MED" --argjson a_ref_med "$A_REF_MED" --argjson a_ratio "$A_RATIO" \
         --argjson b_hs "$(json_arr "${B_HS[@]}")" --argjson b_ref "$(json_arr "${B_REF[@]}")" \
@@ -636,7 +688,7 @@ if [[ -n $OUT ]]; then
         --argjson c_hs_med "$C_HS_MED" --argjson c_ref_med "$C_REF_MED" --argjson c_ratio "$C_RATIO" \
         --arg c_diff_hs "$C_DIFF_HS" --arg c_diff_ref "$C_DIFF_REF" \
         --argjson cpu "$(
-            for k in a.hsxfer a.iperf3 b.hsxfer b.globus c.hsxfer c.globus; do
+            for k in a.hsxfer a.iperf3 b.hsxfer b.globus c.hsxfer c.globus d.hsxfer d.globus; do
                 printf '{"key":"%s","client_cpu_s_per_gb":%s,"server_cpu_s_per_gb":%s}\n' \
                     "$k" "$(cpu_per_gb "$k" client)" "$(cpu_per_gb "$k" server)"
             done | jq -s -c 'map({(.key): {client_cpu_s_per_gb, server_cpu_s_per_gb}}) | add')" \
@@ -658,7 +710,12 @@ if [[ -n $OUT ]]; then
                 hsxfer_runs: $c_hs, reference_runs: $c_ref, hsxfer_mbps_runs: $c_hs_mb,
                 reference_mbps_runs: $c_ref_mb, hsxfer_median: $c_hs_med, reference_median: $c_ref_med,
                 ratio: $c_ratio, target: 3, pass: ($c_ratio != null and $c_ratio >= 3),
-                diff_hsxfer: $c_diff_hs, diff_reference: $c_diff_ref} else empty end)
+                diff_hsxfer: $c_diff_hs, diff_reference: $c_diff_ref} else empty end),
+            (if $run_d == 1 then {name: "big_file_pull_verified", unit: "MB/s",
+                reference: "globus-url-copy -verify-checksum",
+                hsxfer_runs: $d_hs, reference_runs: $d_ref, hsxfer_median: $d_hs_med,
+                reference_median: $d_ref_med, ratio: $d_ratio, target: 2,
+                pass: ($d_ratio != null and $d_ratio >= 2)} else empty end)
           ]),
           cpu: $cpu, commands: $commands, errors: $errors
         }' >"$OUT" || { warn "writing JSON to $OUT failed"; ERRORS=$((ERRORS+1)); }
