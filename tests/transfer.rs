@@ -130,6 +130,39 @@ async fn files_already_complete_are_skipped() {
     assert!(r.verified);
 }
 
+/// Dropping a transfer's future stops the transfer: its engine runs as a runtime task of its
+/// own, aborted with the future. A slow (paced) push dropped after a moment never finishes
+/// in the background.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_transfer_stops() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    fs::write(src.path().join("f"), vec![7u8; 16 << 20]).unwrap();
+    let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
+    let c = hsxfer::Client::new(
+        &addr.ip().to_string(),
+        hsxfer::TransferOptions {
+            channels: 1,
+            port: addr.port(),
+            auth: Auth::NoAuth,
+            // 16 MiB at 64 Mbit/s: about 2 s.
+            pace: hsxfer::tuning::desync::PaceChoice::Fixed(8_000_000),
+            ..Default::default()
+        },
+    );
+    let stats = live(1);
+    let sources = [src.path().join("f")];
+    let push = c.push(&sources, false, "f", &stats);
+    let cut = tokio::time::timeout(std::time::Duration::from_millis(700), push).await;
+    assert!(cut.is_err(), "the push was still running when dropped");
+    assert!(stats.total() > 0, "it had started");
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    assert!(
+        !root.path().join("f").exists(),
+        "a dropped push ran on to completion"
+    );
+}
+
 #[tokio::test]
 async fn damaged_blocks_are_detected_and_repaired() {
     let src = tempfile::tempdir().unwrap();
