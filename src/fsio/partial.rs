@@ -304,7 +304,7 @@ pub fn prepare_in(
         file.set_len(0)?;
     }
     // Blocks land at their offsets in any order; a file of one block is written whole.
-    if blocks::count(meta.size, block_size) > 1 || resuming {
+    if journaled {
         file.set_len(meta.size)?;
     }
     let journal = if journaled {

@@ -1,7 +1,7 @@
 //! A process's budget of files open for receiving, shared by all its sessions. A session may
-//! hold [`MAX_UNFINISHED_FILES`](crate::channels::limits::MAX_UNFINISHED_FILES) files being received (a partial file and a restart journal
-//! each), so one large tree, or a few, would otherwise run a process at the common
-//! `ulimit -n 1024` out of descriptors. A session takes one slot per file of a manifest chunk
+//! hold [`MAX_UNFINISHED_FILES`](crate::channels::limits::MAX_UNFINISHED_FILES) files being
+//! received (a partial file and a restart journal each), so one large tree, or a few, would
+//! otherwise run a process at the common `ulimit -n 1024` out of descriptors. A session takes one slot per file of a manifest chunk
 //! before it opens them, and gives each back when that file is committed; a session that
 //! finds the budget spent waits, and its sender with it, until files commit.
 
@@ -14,7 +14,7 @@ use crate::channels::limits::MAX_CHUNK_FILES;
 /// Descriptors each file being received may hold: its partial file and its journal.
 const DESCRIPTORS_PER_FILE: u64 = 2;
 
-/// Slots for files being received, across a server's sessions.
+/// Slots for files being received, across a process's sessions (a server's, or a client's).
 ///
 /// # Examples
 ///

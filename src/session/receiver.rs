@@ -217,16 +217,12 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                         }
                         next = self.ctrl_r.buffered()?;
                     }
-                    while let Ok((file, verdict)) = events.try_recv() {
-                        self.act(file, verdict, &mut verified, &mut out).await?;
-                    }
+                    self.act_on_ready(&mut events, &mut verified, &mut out).await?;
                 }
                 ev = events.recv() => match ev {
                     Some((file, verdict)) => {
                         self.act(file, verdict, &mut verified, &mut out).await?;
-                        while let Ok((file, verdict)) = events.try_recv() {
-                            self.act(file, verdict, &mut verified, &mut out).await?;
-                        }
+                        self.act_on_ready(&mut events, &mut verified, &mut out).await?;
                     }
                     None => return Err(Error::PeerVanished),
                 },
@@ -301,8 +297,22 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         Ok(())
     }
 
+    /// Handles every verdict the channels have already made, so that the files they complete
+    /// join the same group commit.
+    async fn act_on_ready(
+        &mut self,
+        events: &mut mpsc::UnboundedReceiver<(u32, Verdict)>,
+        verified: &mut Vec<u32>,
+        out: &mut SideOutcome,
+    ) -> Result<()> {
+        while let Ok((file, verdict)) = events.try_recv() {
+            self.act(file, verdict, verified, out).await?;
+        }
+        Ok(())
+    }
+
     /// Decides what to do with each entry of a manifest chunk (creating directories and
-    /// opening partial files on the blocking pool) and registers the files to receive, each
+    /// opening partial files as file work) and registers the files to receive, each
     /// file written with one of `slots` (those not used go back to the budget).
     async fn plan(
         &mut self,

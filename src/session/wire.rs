@@ -273,40 +273,52 @@ pub async fn write_block<W: AsyncWrite + Unpin>(
     damage: Damage,
 ) -> Result<Digest> {
     let head = header.encode();
-    let mut truth = Some(BlockCheck::new(key));
+    let mut head = Some(&head[..]);
+    let mut truth = BlockCheck::new(key);
     let mut sent = (damage == Damage::PastCheck).then(|| BlockCheck::new(key));
-    let pieces = payload.len().div_ceil(PIECE).max(1);
-    let mut digest = None;
-    for i in 0..pieces {
-        let piece = &payload[(i * PIECE).min(payload.len())..((i + 1) * PIECE).min(payload.len())];
-        truth.as_mut().expect("until the last piece").update(piece);
-        let bad;
-        let out = if i == 0 && damage != Damage::None && !piece.is_empty() {
-            bad = flipped(piece);
-            &bad[..]
-        } else {
-            piece
-        };
-        if let Some(s) = &mut sent {
-            s.update(out);
-        }
-        let trailer;
-        let mut slices = Vec::with_capacity(3);
-        if i == 0 {
-            slices.push(io::IoSlice::new(&head));
-        }
-        slices.push(io::IoSlice::new(out));
-        if i + 1 == pieces {
-            let d = truth.take().expect("until the last piece").finish();
-            trailer = sent.take().map_or(d, |s| s.finish());
-            digest = Some(d);
-            slices.push(io::IoSlice::new(&trailer.0));
-        }
-        write_all_vectored(w, &mut slices).await.map_err(closed)?;
+    // The last piece leaves with the trailer, so it is split off (an empty payload is one
+    // empty last piece).
+    let last_len = payload.len().checked_sub(1).map_or(0, |n| n % PIECE + 1);
+    let (body, last) = payload.split_at(payload.len() - last_len);
+    for piece in body.chunks(PIECE) {
+        let out = hashed_piece(piece, head.is_some(), damage, &mut truth, &mut sent);
+        write_pieces(w, [head.take(), Some(&out), None]).await?;
     }
+    let out = hashed_piece(last, head.is_some(), damage, &mut truth, &mut sent);
+    let digest = truth.finish();
+    let trailer = sent.map_or(digest, |s| s.finish());
+    write_pieces(w, [head.take(), Some(&out), Some(&trailer.0)]).await?;
     // Inside TLS the last record waits in the session until flushed.
     w.flush().await.map_err(closed)?;
-    Ok(digest.expect("the last piece sets the digest"))
+    Ok(digest)
+}
+
+/// Hashes `piece` into `truth` and returns the bytes to send: damaged (the first piece only,
+/// tests of the integrity path), and hashed into `sent` as sent.
+fn hashed_piece<'a>(
+    piece: &'a [u8],
+    first: bool,
+    damage: Damage,
+    truth: &mut BlockCheck,
+    sent: &mut Option<BlockCheck>,
+) -> std::borrow::Cow<'a, [u8]> {
+    truth.update(piece);
+    let out = if first && damage != Damage::None && !piece.is_empty() {
+        std::borrow::Cow::Owned(flipped(piece))
+    } else {
+        std::borrow::Cow::Borrowed(piece)
+    };
+    if let Some(s) = sent {
+        s.update(&out);
+    }
+    out
+}
+
+/// Writes the parts present, in one vectored write as far as the writer takes them.
+async fn write_pieces<W: AsyncWrite + Unpin>(w: &mut W, parts: [Option<&[u8]>; 3]) -> Result<()> {
+    let mut slices: Vec<io::IoSlice<'_>> =
+        parts.into_iter().flatten().map(io::IoSlice::new).collect();
+    write_all_vectored(w, &mut slices).await.map_err(closed)
 }
 
 /// Writes every byte of `slices`, in as few writes as the writer takes.
