@@ -446,21 +446,35 @@ B_HS=(); B_REF=(); B_VERIFY="skipped"
 HS_BIG_CMD=("$HSXFER" copy -n "$STREAMS" --no-auth --port "$HS_PORT" 127.0.0.1:big.bin /dev/null)
 GUC_BIG_CMD=(globus-url-copy -fast -p "$STREAMS" "ftp://127.0.0.1:${GFS_PORT}${BIG}" file:///dev/null)
 
-b_run() { # tool r
-    local tool=$1 r=$2 out="$LOGS/b.$1.$2.out" err="$LOGS/b.$1.$2.err" mbs cb ca spid
+# big_pull TEST TOOL R: one timed pull of the big file, for test b (into /dev/null) or d (into a
+# tmpfs file, cmp-checked and removed after); appends MB/s, or null on failure, to the test's
+# array for TOOL.
+big_pull() {
+    local t=$1 tool=$2 r=$3 out="$LOGS/$1.$2.$3.out" err="$LOGS/$1.$2.$3.err" mbs cb ca spid
+    local ok=1 which=HS cmd
+    [[ $tool == hsxfer ]] || which=REF
+    local -n results="${t^^}_$which"
+    case $t$tool in
+        bhsxfer) cmd=HS_BIG_CMD ;;  bglobus) cmd=GUC_BIG_CMD ;;
+        dhsxfer) cmd=HS_VBIG_CMD ;; dglobus) cmd=GUC_VBIG_CMD ;;
+    esac
+    local -n command=$cmd
     if [[ $tool == hsxfer ]]; then spid=$HS_SRV_PID; else spid=$GFS_PID; fi
+    [[ $t == d ]] && { rm -rf -- "$DEST"; mkdir -p "$DEST"; }
     cb=$(proc_cpu_s "$spid")
-    if [[ $tool == hsxfer ]]; then run_client b.hsxfer "$out" "$err" "${HS_BIG_CMD[@]}"
-    else                           run_client b.globus "$out" "$err" "${GUC_BIG_CMD[@]}"; fi
+    run_client "$t.$tool" "$out" "$err" "${command[@]}"
     sleep 0.3; ca=$(proc_cpu_s "$spid")
-    if (( RC != 0 )); then
-        if [[ $tool == hsxfer ]]; then B_HS+=(null); else B_REF+=(null); fi
-        ERRORS=$((ERRORS+1)); return
+    if (( RC == 0 )) && [[ $t == d ]] && ! cmp -s "$BIG" "$DEST/big.bin"; then
+        warn "d: $tool's copy differs from the source"; ok=0
+    fi
+    [[ $t == d ]] && rm -rf -- "$DEST"
+    if (( RC != 0 || ! ok )); then
+        results+=(null); ERRORS=$((ERRORS+1)); return
     fi
     mbs=$(awk -v b="$BIG_BYTES" -v t="$ELAPSED" 'BEGIN{printf "%.6g", b/1e6/t}')
-    if [[ $tool == hsxfer ]]; then B_HS+=("$mbs"); else B_REF+=("$mbs"); fi
-    add_cpu "b.$tool" "$CPU_S" "$(srv_cpu_delta "$cb" "$ca")" "$BIG_BYTES"
-    log "  b run $r $tool: $(fmt "$mbs" 0) MB/s (${ELAPSED}s)"
+    results+=("$mbs")
+    add_cpu "$t.$tool" "$CPU_S" "$(srv_cpu_delta "$cb" "$ca")" "$BIG_BYTES"
+    log "  $t run $r $tool: $(fmt "$mbs" 0) MB/s (${ELAPSED}s)"
 }
 
 if (( RUN_B )); then
@@ -484,8 +498,8 @@ if (( RUN_B )); then
         || warn "globus warm-up pull failed"
     between_runs
     for (( r = 1; r <= RUNS; r++ )); do
-        if (( r % 2 )); then b_run hsxfer "$r"; between_runs; b_run globus "$r"
-        else                  b_run globus "$r"; between_runs; b_run hsxfer "$r"; fi
+        if (( r % 2 )); then big_pull b hsxfer "$r"; between_runs; big_pull b globus "$r"
+        else                  big_pull b globus "$r"; between_runs; big_pull b hsxfer "$r"; fi
         between_runs
     done
 fi
@@ -552,26 +566,6 @@ D_HS=(); D_REF=()
 HS_VBIG_CMD=("$HSXFER" copy -n "$STREAMS" --no-auth --port "$HS_PORT" 127.0.0.1:big.bin "$DEST/big.bin")
 GUC_VBIG_CMD=(globus-url-copy -p "$STREAMS" -verify-checksum "ftp://127.0.0.1:${GFS_PORT}${BIG}" "file://$DEST/big.bin")
 
-d_run() { # tool r
-    local tool=$1 r=$2 out="$LOGS/d.$1.$2.out" err="$LOGS/d.$1.$2.err" mbs cb ca spid
-    if [[ $tool == hsxfer ]]; then spid=$HS_SRV_PID; else spid=$GFS_PID; fi
-    rm -rf -- "$DEST"; mkdir -p "$DEST"
-    cb=$(proc_cpu_s "$spid")
-    if [[ $tool == hsxfer ]]; then run_client d.hsxfer "$out" "$err" "${HS_VBIG_CMD[@]}"
-    else                           run_client d.globus "$out" "$err" "${GUC_VBIG_CMD[@]}"; fi
-    sleep 0.3; ca=$(proc_cpu_s "$spid")
-    if (( RC != 0 )) || ! cmp -s "$BIG" "$DEST/big.bin"; then
-        (( RC == 0 )) && warn "d: $tool's copy differs from the source"
-        if [[ $tool == hsxfer ]]; then D_HS+=(null); else D_REF+=(null); fi
-        ERRORS=$((ERRORS+1)); rm -rf -- "$DEST"; return
-    fi
-    rm -rf -- "$DEST"
-    mbs=$(awk -v b="$BIG_BYTES" -v t="$ELAPSED" 'BEGIN{printf "%.6g", b/1e6/t}')
-    if [[ $tool == hsxfer ]]; then D_HS+=("$mbs"); else D_REF+=("$mbs"); fi
-    add_cpu "d.$tool" "$CPU_S" "$(srv_cpu_delta "$cb" "$ca")" "$BIG_BYTES"
-    log "  d run $r $tool: $(fmt "$mbs" 0) MB/s (${ELAPSED}s)"
-}
-
 if (( RUN_D )); then
     LOAD_AT[d]=$(cat /proc/loadavg)
     log "test d: pull $BIG_SIZE file -> tmpfs file, both verified, $RUNS run(s)"
@@ -579,8 +573,8 @@ if (( RUN_D )); then
     record_cmd "d reference:    $(qcmd "${GUC_VBIG_CMD[@]}")"
     between_runs
     for (( r = 1; r <= RUNS; r++ )); do
-        if (( r % 2 )); then d_run hsxfer "$r"; between_runs; d_run globus "$r"
-        else                  d_run globus "$r"; between_runs; d_run hsxfer "$r"; fi
+        if (( r % 2 )); then big_pull d hsxfer "$r"; between_runs; big_pull d globus "$r"
+        else                  big_pull d globus "$r"; between_runs; big_pull d hsxfer "$r"; fi
         between_runs
     done
 fi
