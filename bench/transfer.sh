@@ -446,6 +446,17 @@ B_HS=(); B_REF=(); B_VERIFY="skipped"
 HS_BIG_CMD=("$HSXFER" copy -n "$STREAMS" --no-auth --port "$HS_PORT" 127.0.0.1:big.bin /dev/null)
 GUC_BIG_CMD=(globus-url-copy -fast -p "$STREAMS" "ftp://127.0.0.1:${GFS_PORT}${BIG}" file:///dev/null)
 
+# alternate CMD...: RUNS runs each of `CMD... hsxfer R` and `CMD... globus R`, hsxfer first
+# on odd runs and GridFTP first on even ones.
+alternate() {
+    local r
+    for (( r = 1; r <= RUNS; r++ )); do
+        if (( r % 2 )); then "$@" hsxfer "$r"; between_runs; "$@" globus "$r"
+        else                  "$@" globus "$r"; between_runs; "$@" hsxfer "$r"; fi
+        between_runs
+    done
+}
+
 # big_pull TEST TOOL R: one timed pull of the big file, for test b (into /dev/null) or d (into a
 # tmpfs file, cmp-checked and removed after); appends MB/s, or null on failure, to the test's
 # array for TOOL.
@@ -497,11 +508,7 @@ if (( RUN_B )); then
     globus-url-copy -fast -p "$STREAMS" "ftp://127.0.0.1:${GFS_PORT}${BIG}" file:///dev/null >/dev/null 2>&1 \
         || warn "globus warm-up pull failed"
     between_runs
-    for (( r = 1; r <= RUNS; r++ )); do
-        if (( r % 2 )); then big_pull b hsxfer "$r"; between_runs; big_pull b globus "$r"
-        else                  big_pull b globus "$r"; between_runs; big_pull b hsxfer "$r"; fi
-        between_runs
-    done
+    alternate big_pull b
 fi
 
 # ============================================================================= c. small files pull
@@ -552,11 +559,7 @@ if (( RUN_C )); then
     log "test c: pull $SMALL_COUNT x $SMALL_LABEL files, $RUNS run(s)"
     record_cmd "c hsxfer:       $(qcmd "${HS_SMALL_CMD[@]}")   # DEST is a fresh empty dir, removed after each run"
     record_cmd "c reference:    $(qcmd "${GUC_SMALL_CMD[@]}")"
-    for (( r = 1; r <= RUNS; r++ )); do
-        if (( r % 2 )); then c_run hsxfer "$r"; between_runs; c_run globus "$r"
-        else                  c_run globus "$r"; between_runs; c_run hsxfer "$r"; fi
-        between_runs
-    done
+    alternate c_run
 fi
 
 # ============================================================================= d. big file pull, verified
@@ -572,11 +575,7 @@ if (( RUN_D )); then
     record_cmd "d hsxfer:       $(qcmd "${HS_VBIG_CMD[@]}")   # DEST is a fresh empty dir, removed after each run"
     record_cmd "d reference:    $(qcmd "${GUC_VBIG_CMD[@]}")"
     between_runs
-    for (( r = 1; r <= RUNS; r++ )); do
-        if (( r % 2 )); then big_pull d hsxfer "$r"; between_runs; big_pull d globus "$r"
-        else                  big_pull d globus "$r"; between_runs; big_pull d hsxfer "$r"; fi
-        between_runs
-    done
+    alternate big_pull d
 fi
 
 LOAD_AFTER=$(cat /proc/loadavg)
