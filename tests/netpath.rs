@@ -473,17 +473,21 @@ fn losses_at_a_small_queue_are_seen_and_measured() {
 }
 
 /// MPTCP on one path, both ends root: the server announces its subflow ports, and
-/// `bench --mptcp -n 4` runs one MPTCP connection whose 4 subflows each carry data (`ss`
-/// on the sender counts the TCP sockets that moved over a megabyte); the summary says so.
+/// `bench --mptcp -n 4 --pace 20M` runs one MPTCP connection whose 4 subflows each carry
+/// data (`ss` on the sender counts the TCP sockets that moved over a megabyte), each capped
+/// at 20 Mbit/s by the BPF pacer (`ss` shows the cap), so that together they stay under
+/// 80 Mbit/s on a 200 Mbit/s path; the summary says so, with one row per subflow.
 #[test]
-fn mptcp_subflows_each_carry_data() {
-    if !root_or_skip("mptcp_subflows_each_carry_data") {
+fn mptcp_subflows_each_carry_data_at_their_pacing_cap() {
+    if !root_or_skip("mptcp_subflows_each_carry_data_at_their_pacing_cap") {
         return;
     }
     let _g = lock();
     let p = path_with(200, 100, &["--mptcp"]);
     let (events, ss) = p.bench_with_ss(
-        &["--mptcp", "-n", "4", "--time", "4"],
+        &[
+            "--mptcp", "-n", "4", "--time", "4", "--pace", "20M", "--tune", "off",
+        ],
         "s",
         &["-tniH", "dst", RECEIVER],
         Duration::from_secs(3),
@@ -491,16 +495,42 @@ fn mptcp_subflows_each_carry_data() {
     let s = summary(&events);
     assert_eq!(s["transport"], "mptcp", "{s}");
     assert_eq!(s["subflows"], 4, "{s}");
-    let busy = ss
-        .lines()
-        .filter_map(|l| {
-            l.split_whitespace()
-                .find_map(|w| w.strip_prefix("bytes_acked:"))
-        })
+    let field = |prefix: &'static str| {
+        ss.lines()
+            .filter_map(move |l| l.split_whitespace().find_map(|w| w.strip_prefix(prefix)))
+            .collect::<Vec<_>>()
+    };
+    let busy = field("bytes_acked:")
+        .into_iter()
         .filter_map(|n| n.parse::<u64>().ok())
         .filter(|&n| n > 1 << 20)
         .count();
     assert_eq!(busy, 4, "subflows that carried data:\n{ss}");
+    // `ss` shows "pacing_rate NOWbps/CAPbps" on a capped socket; the control connection,
+    // which is not MPTCP, has no cap.
+    let capped = ss
+        .lines()
+        .filter(|l| l.contains("bytes_acked:") && l.contains("/20000000bps"))
+        .count();
+    assert_eq!(capped, 4, "subflows capped at 20 Mbit/s:\n{ss}");
+    let goodput = s["goodput_bps"].as_f64().unwrap();
+    assert!(
+        (40e6..=80e6 * 1.02).contains(&goodput),
+        "4 subflows capped at 20 Mbit/s moved {goodput} bit/s"
+    );
+    // The summary's rows are the subflows, each with its addresses, its cap read back from
+    // the kernel, and its share of the bytes.
+    let rows = s["channels"].as_array().unwrap();
+    assert_eq!(rows.len(), 4, "{s}");
+    let mut remotes: Vec<&str> = rows.iter().filter_map(|c| c["remote"].as_str()).collect();
+    remotes.sort();
+    remotes.dedup();
+    assert_eq!(remotes.len(), 4, "one remote port per subflow: {s}");
+    for c in rows {
+        assert!(c["local"].as_str().is_some(), "{c}");
+        assert_eq!(c["pace_bps"], 20_000_000, "{c}");
+        assert!(c["bytes"].as_u64().unwrap() > 1 << 20, "{c}");
+    }
     // The sender's path-manager limits are back as they were, and it announced nothing.
     let ip = |args: &[&str]| {
         let out = p

@@ -452,11 +452,9 @@ fn mptcp_refuses_what_it_cannot_do_yet() {
         .unwrap_err()
         .to_string()
         .contains("dmctcp over MPTCP is not supported yet"));
+    // As root, the BPF pacer caps each subflow (without root this is refused).
+    assert!(nix::unistd::geteuid().is_root(), "run the tests as root");
     o.cc.clear();
     o.pace = hsxfer::tuning::desync::PaceChoice::Fixed(1 << 20);
-    assert!(o
-        .validate()
-        .unwrap_err()
-        .to_string()
-        .contains("SO_MAX_PACING_RATE"));
+    o.validate().unwrap();
 }

@@ -2,6 +2,8 @@
 //! when the server sends (a pull): each channel's settings in force, periodic `TCP_INFO`
 //! samples, and loss events for the synchronization metrics.
 
+use std::net::SocketAddr;
+
 use serde::{Deserialize, Serialize};
 
 use crate::metrics::LossEvent;
@@ -23,8 +25,15 @@ pub struct ChannelSetup {
     pub pace_bps: Option<u64>,
     /// Planned start offset, seconds after the data phase began.
     pub stagger_s: f64,
-    /// When the channel sent its first block, seconds after the data phase began.
+    /// When the channel sent its first block, seconds after the data phase began (an MPTCP
+    /// subflow: when the sampler first saw it).
     pub started_s: Option<f64>,
+    /// With MPTCP, the row is a subflow of the connection: this end's address and port.
+    #[serde(default)]
+    pub local: Option<SocketAddr>,
+    /// With MPTCP, the peer's address and port of the subflow.
+    #[serde(default)]
+    pub remote: Option<SocketAddr>,
 }
 
 /// One `TCP_INFO` reading of one channel.

@@ -310,8 +310,12 @@ fn human_summary(r: &TransferReport) {
         }
     }
     for c in &r.channels {
+        let subflow = match (c.local, c.remote) {
+            (Some(l), Some(r)) => format!("  subflow {l} > {r}"),
+            _ => String::new(),
+        };
         println!(
-            "  channel {:>2}: {:>12} {:>14}  cc {:<9} sndbuf {:>22}  pace {:>13}  start {:>7}  retrans {:>6}  losses {:>4}",
+            "  channel {:>2}: {:>12} {:>14}  cc {:<9} sndbuf {:>22}  pace {:>13}  start {:>7}  retrans {:>6}  losses {:>4}{subflow}",
             c.index,
             fmt_bytes(c.bytes),
             fmt_rate(c.goodput_bps),

@@ -37,6 +37,7 @@ use crate::fsio::source::SourceTree;
 use crate::transport::cc::privileged;
 use crate::transport::mptcp::{self, Limits, LimitsSet, MAX_EXTRA_SUBFLOWS};
 use crate::transport::route;
+use crate::transport::subflow_pacing;
 use crate::transport::tcp_info::tcp_info;
 use crate::transport::tls::{ReadPart, Stream, WritePart};
 use crate::transport::{SocketOptions, Transport};
@@ -110,8 +111,9 @@ pub struct TransferOptions {
     /// the channels: `channels` subflows when the server announces subflow ports and the
     /// path manager's limits allow them (raised for the transfer when run as root). It falls
     /// back to TCP by itself when the server does not listen with MPTCP; the report's
-    /// `transport` and `subflows` say what ran. MPTCP sockets cannot be paced yet, so
-    /// pacing is off.
+    /// `transport` and `subflows` say what ran. Its subflows are paced by a BPF program,
+    /// which needs root ([`crate::transport::subflow_pacing`]); without root they run
+    /// unpaced.
     pub mptcp: bool,
     /// TLS (the default) or clear text, and which server keys are accepted.
     pub security: Security,
@@ -174,10 +176,10 @@ impl TransferOptions {
                 limits::MAX_BLOCK
             )));
         }
-        if self.mptcp && matches!(self.pace, PaceChoice::Fixed(_)) {
+        if self.mptcp && matches!(self.pace, PaceChoice::Fixed(_)) && !subflow_pacing::available() {
             return Err(Error::Usage(
-                "`pace` caps cannot be set on MPTCP channels: the kernel refuses \
-                 SO_MAX_PACING_RATE on MPTCP sockets"
+                "`pace` caps on MPTCP channels need root: the kernel refuses SO_MAX_PACING_RATE \
+                 on MPTCP sockets, so hsxfer caps each subflow with a BPF program"
                     .into(),
             ));
         }
@@ -629,11 +631,21 @@ impl Client {
             .iter_mut()
             .for_each(|o| o.mptcp = self.opts.mptcp);
         if self.opts.mptcp && self.opts.pace == PaceChoice::Auto {
-            plan.notes.push(
-                "client: MPTCP channels run unpaced (the kernel refuses SO_MAX_PACING_RATE on \
-                 MPTCP sockets)"
-                    .into(),
-            );
+            let why = match (subflow_pacing::available(), goodput) {
+                (false, _) => Some(
+                    "the kernel refuses SO_MAX_PACING_RATE on MPTCP sockets, and pacing their \
+                     subflows with a BPF program needs root",
+                ),
+                (true, None) => Some(
+                    "the path's rate is unknown and the meter does not run over MPTCP; give \
+                     `rate` or `pace` to pace them",
+                ),
+                (true, Some(_)) => None,
+            };
+            if let Some(why) = why {
+                plan.notes
+                    .push(format!("client: MPTCP subflows run unpaced: {why}"));
+            }
         }
         let plan = Arc::new(plan);
         let mut report = TuningReport {
@@ -739,8 +751,10 @@ impl Client {
                 false => self.opts.max_channels.max(self.opts.channels),
             },
             rate_bps: goodput,
-            pace: self.pace() == PaceChoice::Auto,
-            // The meter paces the other channels, which MPTCP cannot.
+            // The tuner shares its caps over what each channel's window allows, and an MPTCP
+            // connection's `TCP_INFO` is its first subflow's: its cap stays as planned.
+            pace: !self.opts.mptcp && self.pace() == PaceChoice::Auto,
+            // The meter runs one channel before the others, which MPTCP does not.
             meter: !self.opts.mptcp && self.opts.stagger == StaggerChoice::Auto,
             // A congestion control the user chose meters the path itself.
             meter_cc: self.opts.cc.is_empty().then(|| METER_CC.to_string()),
@@ -748,11 +762,17 @@ impl Client {
         })
     }
 
-    /// The pacing asked for: none on MPTCP channels, which cannot be paced yet.
+    /// The pacing asked for, per connection. A fixed cap is per channel, and the channels of
+    /// an MPTCP connection are its subflows, which share its cap. Without root, MPTCP
+    /// subflows cannot be paced.
     fn pace(&self) -> PaceChoice {
-        match self.opts.mptcp {
-            true => PaceChoice::Off,
-            false => self.opts.pace,
+        match (self.opts.mptcp, self.opts.pace) {
+            (false, p) => p,
+            (true, _) if !subflow_pacing::available() => PaceChoice::Off,
+            (true, PaceChoice::Fixed(c)) => {
+                PaceChoice::Fixed(c.saturating_mul(self.opts.channels as u64))
+            }
+            (true, p) => p,
         }
     }
 

@@ -23,6 +23,7 @@ pub mod server;
 pub mod settle;
 pub mod source;
 pub mod ssh;
+mod subflow_rows;
 pub mod telemetry;
 pub mod token;
 pub mod tuning;

@@ -1,6 +1,7 @@
 //! Live counters during a transfer and the final report.
 
 use crate::transport::Transport;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 use std::time::Instant;
@@ -8,7 +9,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::telemetry::{Telemetry, SAMPLE_PERIOD};
-use crate::channels::telemetry::{DmcCounters, GuardCounters, TunerReport};
+use crate::channels::telemetry::{DmcCounters, GuardCounters, Sample, TunerReport};
 use crate::metrics::{jain, loss_sync, SyncReport};
 
 /// Counters updated by the data channels while a transfer runs; a caller may poll them
@@ -174,6 +175,10 @@ pub struct ChannelReport {
     pub cwnd: Option<u32>,
     /// Smoothed RTT at the last sample, microseconds.
     pub rtt_us: Option<u32>,
+    /// With MPTCP, the row is a subflow: this end's address and port (`None` for TCP).
+    pub local: Option<SocketAddr>,
+    /// With MPTCP, the peer's address and port of the subflow.
+    pub remote: Option<SocketAddr>,
 }
 
 /// The path and transport settings a transfer ran with.
@@ -282,6 +287,12 @@ impl TransferReport {
         let setups = live.telemetry.setups();
         let latest = live.telemetry.latest();
         let losses = live.telemetry.losses();
+        // With MPTCP the engine counts the connection's payload on its one channel, and the
+        // rows are the connection's subflows.
+        let per = match setups.iter().flatten().any(|s| s.local.is_some()) {
+            true => share_by_acked(bytes, &latest),
+            false => per,
+        };
         let goodputs: Vec<f64> = per.iter().map(|b| *b as f64 * 8.0 / seconds).collect();
         // Losses of one congestion event are seen up to a sampling period apart, and the
         // event lasts about one RTT (queueing included: the largest smoothed RTT).
@@ -343,9 +354,60 @@ impl TransferReport {
                         loss_events: losses.iter().filter(|l| l.flow == index).count(),
                         cwnd: last.map(|s| s.tcp.cwnd),
                         rtt_us: last.map(|s| s.tcp.rtt_us),
+                        local: setup.as_ref().and_then(|s| s.local),
+                        remote: setup.as_ref().and_then(|s| s.remote),
                     }
                 })
                 .collect(),
         }
+    }
+}
+
+/// Splits `total` payload bytes over rows in proportion to the bytes each row's TCP
+/// acknowledged (the subflows of an MPTCP connection); the rounding goes to the first row.
+fn share_by_acked(total: u64, latest: &[Option<Sample>]) -> Vec<u64> {
+    let acked: Vec<u128> = latest
+        .iter()
+        .map(|s| s.map_or(0, |s| s.tcp.bytes_acked as u128))
+        .collect();
+    let sum: u128 = acked.iter().sum();
+    if sum == 0 {
+        let mut rows = vec![0; latest.len().max(1)];
+        rows[0] = total;
+        return rows;
+    }
+    let mut rows: Vec<u64> = acked
+        .iter()
+        .map(|a| (total as u128 * a / sum) as u64)
+        .collect();
+    rows[0] += total - rows.iter().sum::<u64>();
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channels::telemetry::TcpSample;
+
+    fn acked(bytes_acked: u64) -> Option<Sample> {
+        Some(Sample {
+            t: 1.0,
+            channel: 0,
+            tcp: TcpSample {
+                bytes_acked,
+                ..Default::default()
+            },
+        })
+    }
+
+    #[test]
+    fn a_connections_payload_is_shared_over_its_subflows_as_they_carried_it() {
+        let rows = share_by_acked(1000, &[acked(300), acked(600), None, acked(100)]);
+        assert_eq!(rows, vec![300, 600, 0, 100]);
+        assert_eq!(
+            share_by_acked(10, &[acked(1), acked(1), acked(1)]),
+            vec![4, 3, 3]
+        );
+        assert_eq!(share_by_acked(7, &[None, None]), vec![7, 0]);
     }
 }

@@ -1,5 +1,5 @@
 //! The sending side's sampling thread: every [`SAMPLE_PERIOD`] it reads `TCP_INFO` of every
-//! data socket into the telemetry and, when the transfer is tuned online, feeds the
+//! data socket (of every subflow of an MPTCP connection) into the telemetry and, when the transfer is tuned online, feeds the
 //! [`PathEstimator`] and the [`OnlineTuner`] and carries out what the tuner decides (pacing
 //! caps and congestion controls on the sockets, releasing the channels held for the meter,
 //! asking the engine for more channels).
@@ -17,11 +17,11 @@ use std::time::Instant;
 use tokio::sync::{mpsc, watch};
 
 use super::report::LiveStats;
+use super::subflow_rows::{read_rows, SubflowSetups};
 use super::telemetry::SAMPLE_PERIOD;
 use crate::channels::telemetry::{Sample, TcpSample, TunerReport};
 use crate::transport::cc::{congestion, set_congestion};
 use crate::transport::tcp::{set_max_pacing_rate, PACING_UNCAPPED};
-use crate::transport::tcp_info::tcp_info;
 use crate::tuning::estimate::PathEstimator;
 use crate::tuning::online::{Action, OnlineTuner};
 
@@ -168,6 +168,7 @@ impl Drop for Sampler {
 
 fn run(s: &Shared) {
     let mut next = Instant::now();
+    let mut subflows = SubflowSetups::default();
     while !s.stop.load(Ordering::Relaxed) {
         next += SAMPLE_PERIOD;
         let now = Instant::now();
@@ -178,13 +179,10 @@ fn run(s: &Shared) {
             next = now;
         }
         let t = s.live.elapsed();
-        let readings: Vec<Option<TcpSample>> = {
-            let sockets = s.sockets.lock().expect("sampler sockets lock");
-            sockets
-                .iter()
-                .map(|fd| fd.as_ref().and_then(|fd| tcp_info(fd).ok()))
-                .collect()
-        };
+        let rows = read_rows(&s.sockets.lock().expect("sampler sockets lock"));
+        subflows.update(&s.live.telemetry, t, &rows);
+        let readings: Vec<Option<TcpSample>> =
+            rows.iter().map(|r| r.as_ref().map(|r| r.tcp)).collect();
         for (i, r) in readings.iter().enumerate() {
             if let Some(tcp) = r {
                 s.live.telemetry.record(Sample {

@@ -36,7 +36,8 @@ use crate::fsio::dest::Destination;
 use crate::fsio::root::Scope;
 use crate::fsio::source::SourceTree;
 use crate::session::client::bench_limit;
-use crate::transport::mptcp::{SignalEndpoints, MAX_EXTRA_SUBFLOWS};
+use crate::transport::mptcp::{self, SignalEndpoints, MAX_EXTRA_SUBFLOWS};
+use crate::transport::subflow_pacing;
 use crate::transport::tls::{ServerTls, Stream};
 use crate::transport::{self, SocketOptions};
 
@@ -528,6 +529,14 @@ fn configure(
     sending: Option<(&LiveStats, Duration)>,
 ) -> Result<()> {
     c.tcp().set_nodelay(false).ok();
+    let mut opts = opts.clone();
+    if opts.max_pacing_rate.is_some() && mptcp::is_mptcp(c) && !subflow_pacing::available() {
+        tracing::warn!(
+            "data channel {i} runs unpaced: pacing MPTCP subflows needs root (a BPF program)"
+        );
+        opts.max_pacing_rate = None;
+    }
+    let opts = &opts;
     // The congestion control last, after the dmctcp tag, and only if the route's differs:
     // under `congctl lock` even setting the algorithm in force fails.
     let others = SocketOptions {

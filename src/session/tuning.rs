@@ -248,6 +248,8 @@ pub fn read_setup(
             .map(|b| b * 8),
         stagger_s: stagger.as_secs_f64(),
         started_s: None,
+        local: None,
+        remote: None,
     })
 }
 

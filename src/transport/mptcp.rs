@@ -5,15 +5,27 @@
 //! which happened. The path manager is set with iproute2's `ip mptcp`, as root.
 
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::os::fd::{AsFd, AsRawFd};
 use std::process::Command;
 use std::sync::Mutex;
+
+use super::tcp_info::sample_of;
+use crate::channels::telemetry::TcpSample;
 
 /// `SOL_MPTCP` (linux/socket.h).
 const SOL_MPTCP: libc::c_int = 284;
 /// `MPTCP_INFO` (linux/mptcp.h).
 const MPTCP_INFO: libc::c_int = 1;
+/// `MPTCP_TCPINFO`: a `struct tcp_info` per subflow.
+const MPTCP_TCPINFO: libc::c_int = 2;
+/// `MPTCP_SUBFLOW_ADDRS`: a `struct mptcp_subflow_addrs` per subflow.
+const MPTCP_SUBFLOW_ADDRS: libc::c_int = 3;
+/// Most subflows read: the userspace path manager's 32 extra ones and the first, with room.
+const MAX_SUBFLOWS_READ: usize = 64;
+/// `SO_MAX_PACING_RATE` at or above this caps nothing: `~0` from user space, and the
+/// largest value [`super::subflow_pacing`] sets (its helper takes 32 bits).
+const UNCAPPED_FROM: u64 = 0xffff_fffe;
 
 /// The number of subflows of the MPTCP connection on `sock` (the first one included), or
 /// `None` when the connection runs as plain TCP: a TCP socket, or an MPTCP socket that fell
@@ -33,6 +45,125 @@ pub fn subflows(sock: &impl AsFd) -> Option<u16> {
         )
     };
     (rc == 0 && len > 0).then(|| 1 + info[0] as u16)
+}
+
+/// Whether `sock` is an MPTCP socket (`SO_PROTOCOL` is `IPPROTO_MPTCP`), fallen back or not.
+/// Such a socket refuses `SO_MAX_PACING_RATE`: [`super::subflow_pacing`] caps its subflows.
+pub fn is_mptcp(sock: &impl AsFd) -> bool {
+    let mut proto: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: pointer and length of a live c_int.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_fd().as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PROTOCOL,
+            &mut proto as *mut libc::c_int as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    rc == 0 && proto == libc::IPPROTO_MPTCP
+}
+
+/// One subflow of an MPTCP connection, as the kernel sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Subflow {
+    /// This end's address and port.
+    pub local: SocketAddr,
+    /// The peer's address and port.
+    pub remote: SocketAddr,
+    /// Its `TCP_INFO`.
+    pub tcp: TcpSample,
+    /// Its pacing cap (`SO_MAX_PACING_RATE`), bytes/s; `None` when uncapped.
+    pub max_pacing_rate: Option<u64>,
+}
+
+/// The subflows of the MPTCP connection on `sock`, in the kernel's order (the first
+/// subflow first, the others as they joined); an error on a TCP socket and, on kernels that
+/// refuse it, on a connection that fell back to TCP.
+pub fn subflow_info(sock: &impl AsFd) -> io::Result<Vec<Subflow>> {
+    let infos: Vec<libc::tcp_info> = subflow_array(sock, MPTCP_TCPINFO)?;
+    let addrs: Vec<[u8; 256]> = subflow_array(sock, MPTCP_SUBFLOW_ADDRS)?;
+    // A subflow that joined or closed between the two reads: the caller reads again later.
+    if infos.len() != addrs.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::Interrupted,
+            "the subflows changed while they were read",
+        ));
+    }
+    infos
+        .iter()
+        .zip(&addrs)
+        .map(|(ti, a)| {
+            let bad = || io::Error::other("a subflow address of an unknown family");
+            Ok(Subflow {
+                local: sockaddr(&a[..128]).ok_or_else(bad)?,
+                remote: sockaddr(&a[128..]).ok_or_else(bad)?,
+                tcp: sample_of(ti),
+                max_pacing_rate: Some(ti.tcpi_max_pacing_rate).filter(|r| *r < UNCAPPED_FROM),
+            })
+        })
+        .collect()
+}
+
+/// Reads one of the per-subflow arrays of `SOL_MPTCP`: a `struct mptcp_subflow_data` header
+/// (what size of element user space wants, how many subflows there are), then the elements.
+/// `T` must be plain old data, valid for any bytes (the kernel copies at most its own size of
+/// each and leaves the rest zero).
+fn subflow_array<T: Copy>(sock: &impl AsFd, optname: libc::c_int) -> io::Result<Vec<T>> {
+    const HEADER: usize = 16;
+    let elem = std::mem::size_of::<T>();
+    // u64 words: the header is 8-byte aligned.
+    let mut buf = vec![0u64; (HEADER + MAX_SUBFLOWS_READ * elem).div_ceil(8)];
+    let words: [u32; 4] = [HEADER as u32, 0, 0, elem as u32];
+    // SAFETY: the buffer holds at least 16 bytes; u32s written at 4-byte offsets of u64s.
+    unsafe { std::ptr::copy_nonoverlapping(words.as_ptr(), buf.as_mut_ptr() as *mut u32, 4) };
+    let mut len = (buf.len() * 8) as libc::socklen_t;
+    // SAFETY: pointer and length of a live, writable buffer.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_fd().as_raw_fd(),
+            SOL_MPTCP,
+            optname,
+            buf.as_mut_ptr() as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let bytes = buf.as_ptr() as *const u8;
+    // SAFETY: the header's second word, within the buffer.
+    let num = unsafe { std::ptr::read_unaligned(bytes.add(4) as *const u32) } as usize;
+    let fits = (len as usize).saturating_sub(HEADER) / elem.max(1);
+    Ok((0..num.min(fits).min(MAX_SUBFLOWS_READ))
+        // SAFETY: element k lies within the `len` bytes the kernel filled, and T is plain
+        // old data.
+        .map(|k| unsafe { std::ptr::read_unaligned(bytes.add(HEADER + k * elem) as *const T) })
+        .collect())
+}
+
+/// A `struct sockaddr_in` or `sockaddr_in6` in its first bytes.
+fn sockaddr(b: &[u8]) -> Option<SocketAddr> {
+    let family = u16::from_ne_bytes([b[0], b[1]]) as libc::c_int;
+    let port = u16::from_be_bytes([b[2], b[3]]);
+    match family {
+        libc::AF_INET => {
+            let ip = Ipv4Addr::new(b[4], b[5], b[6], b[7]);
+            Some(SocketAddr::new(IpAddr::V4(ip), port))
+        }
+        libc::AF_INET6 => {
+            let ip: [u8; 16] = b[8..24].try_into().ok()?;
+            let scope = u32::from_ne_bytes(b[24..28].try_into().ok()?);
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(ip),
+                port,
+                0,
+                scope,
+            )))
+        }
+        _ => None,
+    }
 }
 
 /// The in-kernel path manager's limits (`ip mptcp limits`), which belong to the network
@@ -205,6 +336,7 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         assert_eq!(subflows(&c), None);
+        assert!(!is_mptcp(&c));
         let addr = l.local_addr().unwrap();
         drop(l);
         let l = mptcp_socket().expect("MPTCP is off here (sysctl net.mptcp.enabled)");
@@ -215,6 +347,16 @@ mod tests {
         let (accepted, _) = l.accept().unwrap();
         assert_eq!(subflows(&m), Some(1));
         assert_eq!(subflows(&accepted), Some(1));
+        assert!(is_mptcp(&m) && is_mptcp(&accepted));
+        let sf = subflow_info(&m).unwrap();
+        assert_eq!(sf.len(), 1, "{sf:?}");
+        assert_eq!(sf[0].local, m.local_addr().unwrap().as_socket().unwrap());
+        assert_eq!(sf[0].remote, addr);
+        assert!(
+            sf[0].tcp.mss > 0 && sf[0].max_pacing_rate.is_none(),
+            "{sf:?}"
+        );
+        assert!(subflow_info(&c).is_err());
         // A plain TCP client of an MPTCP listener: the accepted socket falls back.
         let t = TcpStream::connect(addr).unwrap();
         let (fallback, _) = l.accept().unwrap();

@@ -188,7 +188,12 @@ pub const PACING_UNCAPPED: u64 = u64::MAX - 1;
 
 /// Caps the socket's pacing rate (bytes/s) with `SO_MAX_PACING_RATE`. The value is passed as
 /// a u64: a u32 would cap at about 34 Gbit/s. Works without the fq qdisc (TCP paces itself).
+/// On an MPTCP socket, which refuses the option, the cap is the connection's: its subflows
+/// share it ([`super::subflow_pacing`], root only).
 pub fn set_max_pacing_rate(sock: &impl AsFd, bytes_per_sec: u64) -> io::Result<()> {
+    if super::mptcp::is_mptcp(sock) {
+        return super::subflow_pacing::set_total(sock, bytes_per_sec);
+    }
     let v: u64 = bytes_per_sec;
     // SAFETY: passing a pointer to a live u64 and its exact size.
     let rc = unsafe {

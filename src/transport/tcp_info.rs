@@ -26,7 +26,12 @@ pub fn tcp_info(sock: &impl AsFd) -> io::Result<TcpSample> {
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(TcpSample {
+    Ok(sample_of(&ti))
+}
+
+/// The fields hsxfer reports of one `struct tcp_info`.
+pub(crate) fn sample_of(ti: &libc::tcp_info) -> TcpSample {
+    TcpSample {
         cwnd: ti.tcpi_snd_cwnd,
         ssthresh: ti.tcpi_snd_ssthresh,
         rtt_us: ti.tcpi_rtt,
@@ -44,7 +49,7 @@ pub fn tcp_info(sock: &impl AsFd) -> io::Result<TcpSample> {
         sndbuf_limited_us: ti.tcpi_sndbuf_limited,
         notsent_bytes: ti.tcpi_notsent_bytes,
         snd_wnd: ti.tcpi_snd_wnd,
-    })
+    }
 }
 
 #[cfg(test)]
