@@ -35,7 +35,10 @@ char _license[] SEC("license") = "Dual MIT/GPL";
 
 HSX_STATS_MAP(dmctcp)
 
-/* A group: its channels' windows and counters. User space reads it by tag, then deletes it. */
+/*
+ * A group: its channels' windows and counters. User space reads a tagged group by its tag, then
+ * deletes it; an MPTCP group by its connection's token, until its last subflow deletes it.
+ */
 struct dmc_group {
 	struct bpf_spin_lock lock;
 	u32 used;           /* bit i set: slot i holds a channel */
@@ -53,6 +56,9 @@ struct dmc_group {
 	u64 epoch_us;       /* start of the group's growth curve: its last cut */
 	u32 w_max;          /* the group's total window just before that cut */
 	u32 k_ms;           /* how long the curve takes to climb back to w_max */
+	/* Added later: the MPTCP connection's token (MPTCP_INFO tells user space), 0 for a tag. */
+	u32 mptcp_token;
+	u32 pad2;
 };
 
 struct {
@@ -118,6 +124,8 @@ static __always_inline void dmc_join(struct sock *sk, struct dmc_ca *ca)
 	ca->joined = 1;
 	g = bpf_map_lookup_elem(&dmctcp_groups, &key);
 	if (!g) {
+		if (key >> 63)
+			zero.mptcp_token = BPF_CORE_READ((struct mptcp_sock *)key, token);
 		bpf_map_update_elem(&dmctcp_groups, &key, &zero, BPF_NOEXIST);
 		g = bpf_map_lookup_elem(&dmctcp_groups, &key);
 		if (!g)

@@ -87,6 +87,10 @@ struct mptcp_subflow_context {
 	struct sock *conn;
 } __attribute__((preserve_access_index));
 
+struct mptcp_sock {
+	u32 token;
+} __attribute__((preserve_access_index));
+
 struct ack_sample {
 	u32 pkts_acked;
 	s32 rtt_us;

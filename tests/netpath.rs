@@ -476,10 +476,11 @@ fn losses_at_a_small_queue_are_seen_and_measured() {
 /// `bench --mptcp -n 4 --pace 20M` runs one MPTCP connection whose 4 subflows each carry
 /// data (`ss` on the sender counts the TCP sockets that moved over a megabyte), each capped
 /// at 20 Mbit/s by the BPF pacer (`ss` shows the cap), so that together they stay under
-/// 80 Mbit/s on a 200 Mbit/s path; the summary says so, with one row per subflow.
+/// 80 Mbit/s on a 200 Mbit/s path; the summary says so, with one row per subflow. With
+/// `--cc dmctcp` the subflows form one DMCTCP group.
 #[test]
-fn mptcp_subflows_each_carry_data_at_their_pacing_cap() {
-    if !root_or_skip("mptcp_subflows_each_carry_data_at_their_pacing_cap") {
+fn mptcp_subflows_are_paced_reported_and_grouped() {
+    if !root_or_skip("mptcp_subflows_are_paced_reported_and_grouped") {
         return;
     }
     let _g = lock();
@@ -530,6 +531,15 @@ fn mptcp_subflows_each_carry_data_at_their_pacing_cap() {
         assert!(c["local"].as_str().is_some(), "{c}");
         assert_eq!(c["pace_bps"], 20_000_000, "{c}");
         assert!(c["bytes"].as_u64().unwrap() > 1 << 20, "{c}");
+    }
+    // DMCTCP over the subflows: they form one group in the kernel by themselves (no tag),
+    // and the summary reads its counters back by the connection's token.
+    let events = p.bench(&["--mptcp", "-n", "4", "--time", "3", "--cc", "dmctcp"]);
+    let s = summary(&events);
+    assert_eq!(s["subflows"], 4, "{s}");
+    assert_eq!(s["dmctcp"]["channels"], 4, "{s}");
+    for c in s["channels"].as_array().unwrap() {
+        assert_eq!(c["cc"], "dmctcp", "{c}");
     }
     // The sender's path-manager limits are back as they were, and it announced nothing.
     let ip = |args: &[&str]| {

@@ -439,22 +439,3 @@ async fn mptcp_falls_back_to_tcp_either_way() {
         stop(serving).await;
     }
 }
-
-#[test]
-fn mptcp_refuses_what_it_cannot_do_yet() {
-    let mut o = hsxfer::TransferOptions {
-        mptcp: true,
-        cc: vec!["dmctcp".into()],
-        ..Default::default()
-    };
-    assert!(o
-        .validate()
-        .unwrap_err()
-        .to_string()
-        .contains("dmctcp over MPTCP is not supported yet"));
-    // As root, the BPF pacer caps each subflow (without root this is refused).
-    assert!(nix::unistd::geteuid().is_root(), "run the tests as root");
-    o.cc.clear();
-    o.pace = hsxfer::tuning::desync::PaceChoice::Fixed(1 << 20);
-    o.validate().unwrap();
-}

@@ -124,9 +124,10 @@ def copy(
     must run ``--no-auth`` on loopback. ``cc`` names congestion controls, cycled over the
     channels; ``rate`` is the path's bottleneck in bits/s if known; ``pace`` caps each
     channel, bits/s; ``policy`` is ``"fair"`` or ``"fast"`` (may choose BBR). ``mptcp`` moves
-    the data over one Multipath TCP connection with ``channels`` subflows (unpaced); it falls
-    back to TCP, with a warning, unless the server listens with MPTCP. The report's
-    ``transport`` and ``subflows`` say what ran.
+    the data over one Multipath TCP connection with ``channels`` subflows (paced as root,
+    ``pace`` per subflow or from ``rate``); it falls back to TCP, with a warning, unless the
+    server listens with MPTCP. The report's ``transport`` and ``subflows`` say what ran, and
+    its ``channels`` rows are the subflows.
 
     Every connection is TLS 1.3. The server's key is checked against the known-servers file
     (``~/.config/hsxfer/known_servers``, or ``known_servers``): a server met for the first

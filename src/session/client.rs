@@ -183,13 +183,6 @@ impl TransferOptions {
                     .into(),
             ));
         }
-        if self.mptcp && self.cc.iter().any(|c| c == "dmctcp") {
-            return Err(Error::Usage(
-                "`cc` dmctcp over MPTCP is not supported yet: the group its subflows would form \
-                 in the kernel is neither read back nor tested; run dmctcp over TCP channels"
-                    .into(),
-            ));
-        }
         Ok(())
     }
 }
@@ -717,6 +710,10 @@ impl Client {
                 return Err(e);
             }
             if let Some(g) = &plan.dmc_group {
+                // With MPTCP the subflows form the group in the kernel by themselves.
+                if transport == Transport::Mptcp {
+                    g.follow_mptcp(&channels[0]);
+                }
                 live.telemetry.set_group(g.clone());
             }
             if let Some(b) = plan.guard_baseline() {

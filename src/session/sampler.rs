@@ -25,6 +25,9 @@ use crate::transport::tcp::{set_max_pacing_rate, PACING_UNCAPPED};
 use crate::tuning::estimate::PathEstimator;
 use crate::tuning::online::{Action, OnlineTuner};
 
+/// Samples between two reads of the DMCTCP group's counters (a tenth of a second).
+const GROUP_READ_TICKS: u64 = 10;
+
 /// The online tuner of a transfer and the engine's ends of what it decides.
 pub struct OnlineControl {
     /// The tuner.
@@ -169,6 +172,7 @@ impl Drop for Sampler {
 fn run(s: &Shared) {
     let mut next = Instant::now();
     let mut subflows = SubflowSetups::default();
+    let mut ticks = 0u64;
     while !s.stop.load(Ordering::Relaxed) {
         next += SAMPLE_PERIOD;
         let now = Instant::now();
@@ -181,6 +185,11 @@ fn run(s: &Shared) {
         let t = s.live.elapsed();
         let rows = read_rows(&s.sockets.lock().expect("sampler sockets lock"));
         subflows.update(&s.live.telemetry, t, &rows);
+        ticks += 1;
+        if ticks % GROUP_READ_TICKS == 0 {
+            // Keeps the DMCTCP group's counters: an MPTCP group goes with its last subflow.
+            s.live.telemetry.dmctcp();
+        }
         let readings: Vec<Option<TcpSample>> =
             rows.iter().map(|r| r.as_ref().map(|r| r.tcp)).collect();
         for (i, r) in readings.iter().enumerate() {

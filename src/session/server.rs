@@ -503,6 +503,10 @@ fn apply_plan(
     let stagger = stagger_of(req);
     if let Role::Send(_) = role {
         if let Some(g) = &plan.dmc_group {
+            // With MPTCP the subflows form the group in the kernel by themselves.
+            if let Some(c) = channels.first().filter(|c| mptcp::is_mptcp(*c)) {
+                g.follow_mptcp(c);
+            }
             live.telemetry.set_group(g.clone());
         }
         if let Some(b) = plan.guard_baseline() {

@@ -36,8 +36,10 @@ pub(super) fn read_rows(sockets: &[Option<OwnedFd>]) -> Vec<Option<Row>> {
             // Read again once if a subflow joined between the kernel's two answers.
             let subflows = mptcp::subflow_info(fd).or_else(|_| mptcp::subflow_info(fd));
             if let Some(subflows) = subflows.ok().filter(|s| !s.is_empty()) {
+                // A subflow being closed is disconnected first, which clears its addresses
+                // and counters: its row keeps what it had.
                 rows.extend(subflows.iter().map(|sf| {
-                    Some(Row {
+                    (sf.remote.port() != 0).then_some(Row {
                         channel,
                         tcp: sf.tcp,
                         subflow: Some(*sf),

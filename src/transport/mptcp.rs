@@ -32,6 +32,18 @@ const UNCAPPED_FROM: u64 = 0xffff_fffe;
 /// back (the kernel then refuses `MPTCP_INFO`).
 pub fn subflows(sock: &impl AsFd) -> Option<u16> {
     // The head of struct mptcp_info: its first byte counts the subflows beyond the first.
+    mptcp_info(sock).map(|info| 1 + info[0] as u16)
+}
+
+/// The token of the MPTCP connection on `sock` (what the kernel and the peer name it by),
+/// or `None` when it runs as plain TCP.
+pub fn token(sock: &impl AsFd) -> Option<u32> {
+    // struct mptcp_info: six u8 counters, then u32 flags at 8 and u32 token at 12.
+    mptcp_info(sock).map(|info| u32::from_ne_bytes([info[12], info[13], info[14], info[15]]))
+}
+
+/// The head of `struct mptcp_info`, or `None` for TCP and fallen-back sockets.
+fn mptcp_info(sock: &impl AsFd) -> Option<[u8; 96]> {
     let mut info = [0u8; 96];
     let mut len = info.len() as libc::socklen_t;
     // SAFETY: pointer and length of a live, writable buffer.
@@ -44,7 +56,7 @@ pub fn subflows(sock: &impl AsFd) -> Option<u16> {
             &mut len,
         )
     };
-    (rc == 0 && len > 0).then(|| 1 + info[0] as u16)
+    (rc == 0 && len >= 16).then_some(info)
 }
 
 /// Whether `sock` is an MPTCP socket (`SO_PROTOCOL` is `IPPROTO_MPTCP`), fallen back or not.
@@ -357,6 +369,9 @@ mod tests {
             "{sf:?}"
         );
         assert!(subflow_info(&c).is_err());
+        // Each end names the connection by a token of its own (from its own key).
+        assert!(token(&m).is_some_and(|t| t != 0) && token(&accepted).is_some_and(|t| t != 0));
+        assert_eq!(token(&c), None);
         // A plain TCP client of an MPTCP listener: the accepted socket falls back.
         let t = TcpStream::connect(addr).unwrap();
         let (fallback, _) = l.accept().unwrap();

@@ -5,6 +5,7 @@
 
 use std::mem::offset_of;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::sync::{Mutex, OnceLock};
 
 use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType};
 
@@ -36,6 +37,8 @@ pub(super) struct GroupValue {
     pub(super) epoch_us: u64,
     pub(super) w_max: u32,
     pub(super) k_ms: u32,
+    pub(super) mptcp_token: u32,
+    pub(super) pad2: u32,
 }
 
 /// `DMC_MAX_CHANNELS` of bpf/dmctcp.bpf.c.
@@ -59,12 +62,27 @@ pub fn decode(v: &[u8]) -> Option<GroupCounters> {
     })
 }
 
+/// `mptcp_token` of a group value, if the value has it (older objects do not).
+fn token_of(v: &[u8]) -> Option<u32> {
+    let at = offset_of!(GroupValue, mptcp_token);
+    v.get(at..at + 4)
+        .map(|b| u32::from_ne_bytes(b.try_into().unwrap()))
+}
+
 /// The DMCTCP group of one transfer. Dropping it forgets the group's counters in the kernel.
+///
+/// TCP channels form the group by its tag. The subflows of an MPTCP connection form one in the
+/// kernel by themselves (keyed by their connection, with no tag and no root needed); after
+/// [`DmcGroup::follow_mptcp`] the counters are those of that group.
 #[derive(Debug)]
 pub struct DmcGroup {
     tag: u64,
     tags: MapHandle,
     groups: MapHandle,
+    /// The MPTCP connection whose group this is, by its token.
+    mptcp_token: OnceLock<u32>,
+    /// That group's key in the map once found.
+    mptcp_key: Mutex<Option<u64>>,
 }
 
 impl DmcGroup {
@@ -80,7 +98,13 @@ impl DmcGroup {
                 break t;
             }
         };
-        Some(DmcGroup { tag, tags, groups })
+        Some(DmcGroup {
+            tag,
+            tags,
+            groups,
+            mptcp_token: OnceLock::new(),
+            mptcp_key: Mutex::new(None),
+        })
     }
 
     /// The group's tag.
@@ -97,13 +121,43 @@ impl DmcGroup {
             .map_err(|e| std::io::Error::other(format!("tagging a socket for dmctcp: {e}")))
     }
 
-    /// The group's counters so far (None before any channel joined).
+    /// Makes this the group of the subflows of the MPTCP connection on `sock`; false when the
+    /// connection runs as plain TCP (it fell back), whose socket is in the tagged group.
+    pub fn follow_mptcp(&self, sock: &impl AsFd) -> bool {
+        match crate::transport::mptcp::token(sock) {
+            Some(t) => self.mptcp_token.set(t).is_ok() || self.mptcp_token.get() == Some(&t),
+            None => false,
+        }
+    }
+
+    /// The group's counters so far (None before any channel joined, and for an MPTCP group
+    /// once its last subflow closed).
     pub fn counters(&self) -> Option<GroupCounters> {
-        let v = self
-            .groups
-            .lookup(&self.tag.to_ne_bytes(), MapFlags::ANY)
-            .ok()??;
-        decode(&v)
+        let Some(&token) = self.mptcp_token.get() else {
+            let v = self
+                .groups
+                .lookup(&self.tag.to_ne_bytes(), MapFlags::ANY)
+                .ok()??;
+            return decode(&v);
+        };
+        let mut key = self.mptcp_key.lock().unwrap_or_else(|e| e.into_inner());
+        let ours = |v: &[u8]| token_of(v) == Some(token);
+        if let Some(k) = *key {
+            match self.groups.lookup(&k.to_ne_bytes(), MapFlags::ANY) {
+                Ok(Some(v)) if ours(&v) => return decode(&v),
+                _ => *key = None,
+            }
+        }
+        // Found once by a scan: the key is the connection's kernel address.
+        for k in self.groups.keys() {
+            if let Ok(Some(v)) = self.groups.lookup(&k, MapFlags::ANY) {
+                if ours(&v) {
+                    *key = k.as_slice().try_into().ok().map(u64::from_ne_bytes);
+                    return decode(&v);
+                }
+            }
+        }
+        None
     }
 }
 

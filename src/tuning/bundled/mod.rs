@@ -228,6 +228,8 @@ mod tests {
             ("epoch_us", offset_of!(G, epoch_us)),
             ("w_max", offset_of!(G, w_max)),
             ("k_ms", offset_of!(G, k_ms)),
+            ("mptcp_token", offset_of!(G, mptcp_token)),
+            ("pad2", offset_of!(G, pad2)),
         ];
         let dmctcp = find("dmctcp").unwrap();
         assert_eq!(
