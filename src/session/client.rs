@@ -624,16 +624,16 @@ impl Client {
             .iter_mut()
             .for_each(|o| o.mptcp = self.opts.mptcp);
         if self.opts.mptcp && self.opts.pace == PaceChoice::Auto {
-            let why = match (subflow_pacing::available(), goodput) {
-                (false, _) => Some(
+            let why = match (subflow_pacing::available(), goodput, metered) {
+                (false, _, _) => Some(
                     "the kernel refuses SO_MAX_PACING_RATE on MPTCP sockets, and pacing their \
                      subflows with a BPF program needs root",
                 ),
-                (true, None) => Some(
-                    "the path's rate is unknown and the meter does not run over MPTCP; give \
-                     `rate` or `pace` to pace them",
+                (true, None, false) => Some(
+                    "the path's rate is unknown and no meter runs (`tune` off, or `stagger` \
+                     given); give `rate` or `pace` to pace them",
                 ),
-                (true, Some(_)) => None,
+                _ => None,
             };
             if let Some(why) = why {
                 plan.notes
@@ -748,11 +748,10 @@ impl Client {
                 false => self.opts.max_channels.max(self.opts.channels),
             },
             rate_bps: goodput,
-            // The tuner shares its caps over what each channel's window allows, and an MPTCP
-            // connection's `TCP_INFO` is its first subflow's: its cap stays as planned.
-            pace: !self.opts.mptcp && self.pace() == PaceChoice::Auto,
-            // The meter runs one channel before the others, which MPTCP does not.
-            meter: !self.opts.mptcp && self.opts.stagger == StaggerChoice::Auto,
+            // An MPTCP connection is one channel to the tuner (its subflows' sum): its cap,
+            // which its subflows share, is the meter's and then the tuner's.
+            pace: self.pace() == PaceChoice::Auto,
+            meter: self.opts.stagger == StaggerChoice::Auto,
             // A congestion control the user chose meters the path itself.
             meter_cc: self.opts.cc.is_empty().then(|| METER_CC.to_string()),
             policy: self.opts.policy,

@@ -17,9 +17,9 @@ use std::time::Instant;
 use tokio::sync::{mpsc, watch};
 
 use super::report::LiveStats;
-use super::subflow_rows::{read_rows, SubflowSetups};
+use super::subflow_rows::{per_channel, read_sockets, Rows};
 use super::telemetry::SAMPLE_PERIOD;
-use crate::channels::telemetry::{Sample, TcpSample, TunerReport};
+use crate::channels::telemetry::{Sample, TunerReport};
 use crate::transport::cc::{congestion, set_congestion};
 use crate::transport::tcp::{set_max_pacing_rate, PACING_UNCAPPED};
 use crate::tuning::estimate::PathEstimator;
@@ -171,7 +171,7 @@ impl Drop for Sampler {
 
 fn run(s: &Shared) {
     let mut next = Instant::now();
-    let mut subflows = SubflowSetups::default();
+    let mut placed = Rows::default();
     let mut ticks = 0u64;
     while !s.stop.load(Ordering::Relaxed) {
         next += SAMPLE_PERIOD;
@@ -183,27 +183,29 @@ fn run(s: &Shared) {
             next = now;
         }
         let t = s.live.elapsed();
-        let rows = read_rows(&s.sockets.lock().expect("sampler sockets lock"));
-        subflows.update(&s.live.telemetry, t, &rows);
+        let (readings, channels) = {
+            let sockets = s.sockets.lock().expect("sampler sockets lock");
+            (read_sockets(&sockets), sockets.len())
+        };
+        let rows = placed.place(readings, channels, &s.live.telemetry, t);
         ticks += 1;
         if ticks % GROUP_READ_TICKS == 0 {
             // Keeps the DMCTCP group's counters: an MPTCP group goes with its last subflow.
             s.live.telemetry.dmctcp();
         }
-        let readings: Vec<Option<TcpSample>> =
-            rows.iter().map(|r| r.as_ref().map(|r| r.tcp)).collect();
-        for (i, r) in readings.iter().enumerate() {
-            if let Some(tcp) = r {
+        for (i, r) in rows.iter().enumerate() {
+            if let Some(r) = r {
                 s.live.telemetry.record(Sample {
                     t,
                     channel: i as u16,
-                    tcp: *tcp,
+                    tcp: r.tcp,
                 });
             }
         }
         let mut online = s.online.lock().expect("tuner lock");
         if let Some(o) = online.as_mut() {
-            let tick = o.estimator.observe(t, &readings);
+            // The tuner paces and counts connections: an MPTCP connection is one channel.
+            let tick = o.estimator.observe(t, &per_channel(&rows, channels));
             let actions = o.ctl.tuner.on_tick(&o.estimator, &tick);
             if !actions.is_empty() {
                 tracing::debug!("tuner at {t:.3} s: {actions:?}");
