@@ -261,8 +261,8 @@ struct TransferArgs {
     trace: Option<PathBuf>,
     /// Move the data over one Multipath TCP connection with -n subflows (as root, the path
     /// manager's limits are raised for it); it falls back to TCP, with a warning, when the
-    /// server was not started with --mptcp. As root, its subflows are paced (--pace, or
-    /// --rate) by a BPF program; without root they run unpaced.
+    /// server was not started with --mptcp. As root, its subflows are paced by a BPF program
+    /// (--pace, --rate, or what the online tuner measures); without root they run unpaced.
     #[arg(long)]
     mptcp: bool,
     /// Print NDJSON events (schema: docs/json.md) instead of human output.
