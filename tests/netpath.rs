@@ -558,6 +558,13 @@ fn mptcp_subflows_are_paced_reported_and_grouped() {
         })
     });
     assert!(paced, "{online}");
+    // The meter ran reno; the switch to the steady congestion control reached every subflow.
+    let rows = s["channels"].as_array().unwrap();
+    assert!(
+        rows.iter()
+            .all(|c| c["cc"] == rows[0]["cc"] && c["cc"] != "reno"),
+        "{s}"
+    );
     // The sender's path-manager limits are back as they were, and it announced nothing.
     let ip = |args: &[&str]| {
         let out = p

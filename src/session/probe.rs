@@ -28,6 +28,7 @@ use crate::channels::control::{BenchDirection, HostFacts, Policy};
 use crate::channels::telemetry::{MeterEnd, Sample};
 use crate::error::{Error, Result};
 use crate::fsio::profiles::{ProfileError, ProfileStore};
+use crate::transport::Transport;
 use crate::tuning::bdp::WIRE_OVERHEAD;
 use crate::tuning::desync::{PaceChoice, StaggerChoice};
 use crate::tuning::probe::{
@@ -210,7 +211,11 @@ pub fn learned_profile(
     let paced = report.channels.iter().any(|c| c.pace_bps.is_some());
     let config = Config {
         cc,
-        channels: tuner.channels,
+        // The tuner counts an MPTCP connection as one channel; its subflows carried the data.
+        channels: match report.transport {
+            Transport::Mptcp => report.subflows.unwrap_or(1).max(1),
+            Transport::Tcp => tuner.channels,
+        },
         paced,
     };
     Some(PathProfile {
@@ -602,6 +607,33 @@ mod tests {
         assert!((st.retransmit_rate - 0.001).abs() < 2e-4, "{st:?}");
         assert!((peak(&s) - 20e6).abs() < 1e3);
         assert_eq!(steady(&[]).goodput, 0.0);
+    }
+
+    #[test]
+    fn a_long_mptcp_copy_teaches_its_subflow_count_not_one_channel() {
+        let mut report = TransferReport {
+            seconds: 12.0,
+            transport: Transport::Mptcp,
+            subflows: Some(4),
+            ..Default::default()
+        };
+        report.tuning.online = Some(crate::channels::telemetry::TunerReport {
+            channels: 1,
+            measured_bps: Some(900_000_000),
+            ..Default::default()
+        });
+        report.channels = vec![serde_json::from_value(serde_json::json!({
+            "index": 0, "bytes": 1, "goodput_bps": 1.0, "cc": "cubic",
+            "send_buffer_requested": null, "send_buffer": 1, "pace_bps": 200_000_000,
+            "stagger_s": 0.0, "started_s": 0.0, "retransmits": 0, "loss_events": 0,
+            "cwnd": 10, "rtt_us": 1, "local": null, "remote": null
+        }))
+        .unwrap()];
+        let p = learned_profile(&report, "h", 1, Direction::Push).unwrap();
+        assert_eq!(p.recommendation.channels, 4);
+        report.transport = Transport::Tcp;
+        let p = learned_profile(&report, "h", 1, Direction::Push).unwrap();
+        assert_eq!(p.recommendation.channels, 1);
     }
 
     #[test]

@@ -21,6 +21,7 @@ use super::subflow_rows::{per_channel, read_sockets, Rows};
 use super::telemetry::SAMPLE_PERIOD;
 use crate::channels::telemetry::{Sample, TunerReport};
 use crate::transport::cc::{congestion, set_congestion};
+use crate::transport::mptcp::is_mptcp;
 use crate::transport::tcp::{set_max_pacing_rate, PACING_UNCAPPED};
 use crate::tuning::estimate::PathEstimator;
 use crate::tuning::online::{Action, OnlineTuner};
@@ -134,7 +135,7 @@ impl Sampler {
             .map_err(crate::Error::io("duplicating a data socket for telemetry"))?;
         if let Some(o) = self.shared.online.lock().expect("tuner lock").as_ref() {
             if let Some(Some(name)) = o.cc.get(index) {
-                apply_cc(&self.shared.live, index, &fd, name);
+                apply_cc(&self.shared.live, &[index], &fd, name);
             }
             if let Some(Some(rate)) = o.pace.get(index) {
                 apply_pace(&self.shared.live, index, &fd, *rate);
@@ -209,7 +210,7 @@ fn run(s: &Shared) {
             let actions = o.ctl.tuner.on_tick(&o.estimator, &tick);
             if !actions.is_empty() {
                 tracing::debug!("tuner at {t:.3} s: {actions:?}");
-                carry_out(s, o, actions);
+                carry_out(s, o, actions, &placed);
                 s.live.telemetry.set_tuner(o.ctl.tuner.report().clone());
             }
         }
@@ -217,7 +218,7 @@ fn run(s: &Shared) {
 }
 
 /// Carries out the tuner's decisions: on open sockets now, on the others when they attach.
-fn carry_out(s: &Shared, o: &mut Online, actions: Vec<Action>) {
+fn carry_out(s: &Shared, o: &mut Online, actions: Vec<Action>, placed: &Rows) {
     let sockets = s.sockets.lock().expect("sampler sockets lock");
     let open = |i: usize| sockets.get(i).and_then(Option::as_ref);
     for a in actions {
@@ -233,7 +234,7 @@ fn carry_out(s: &Shared, o: &mut Online, actions: Vec<Action>) {
             }
             Action::SetCc { channel, name } => {
                 if let Some(fd) = open(channel) {
-                    apply_cc(&s.live, channel, fd, &name);
+                    apply_cc(&s.live, &placed.rows_of(channel), fd, &name);
                 }
                 if o.cc.len() <= channel {
                     o.cc.resize(channel + 1, None);
@@ -250,20 +251,27 @@ fn carry_out(s: &Shared, o: &mut Online, actions: Vec<Action>) {
     }
 }
 
+/// Caps channel `channel`; an MPTCP connection's subflows share the cap, and their rows show
+/// each one's share as the kernel reads it back ([`Rows`]).
 fn apply_pace(live: &LiveStats, channel: usize, fd: &OwnedFd, rate: Option<u64>) {
     match set_max_pacing_rate(fd, rate.unwrap_or(PACING_UNCAPPED)) {
-        Ok(()) => live
+        Ok(()) if !is_mptcp(fd) => live
             .telemetry
             .set_pace(channel, rate.map(|r| r.saturating_mul(8))),
+        Ok(()) => {}
         Err(e) => tracing::warn!("pacing data channel {channel}: {e}"),
     }
 }
 
-fn apply_cc(live: &LiveStats, channel: usize, fd: &OwnedFd, name: &str) {
+/// Switches a channel's congestion control and records it in its `rows` (an MPTCP
+/// connection's subflows all take it).
+fn apply_cc(live: &LiveStats, rows: &[usize], fd: &OwnedFd, name: &str) {
     if let Err(e) = set_congestion(fd, name) {
-        tracing::warn!("switching data channel {channel} to {name}: {e}");
+        tracing::warn!("switching data channel {:?} to {name}: {e}", rows.first());
     }
     if let Ok(now) = congestion(fd) {
-        live.telemetry.set_cc(channel, now);
+        for r in rows {
+            live.telemetry.set_cc(*r, now.clone());
+        }
     }
 }

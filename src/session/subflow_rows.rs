@@ -139,6 +139,17 @@ impl Rows {
         rows
     }
 
+    /// The rows of channel `channel`: its own, and its subflows' once placed.
+    pub(super) fn rows_of(&self, channel: usize) -> Vec<usize> {
+        let subflows = self
+            .held
+            .iter()
+            .enumerate()
+            .filter(|(i, h)| *i != channel && h.is_some_and(|h| h.0 == channel))
+            .map(|(i, _)| i);
+        std::iter::once(channel).chain(subflows).collect()
+    }
+
     /// For each channel, whether it has fewer subflows than it had: it is closing, and the
     /// caps its last subflows get are not what they carried the data under.
     fn closing(&mut self, readings: &[Row]) -> Vec<bool> {
@@ -338,5 +349,7 @@ mod placement {
         assert!(left[0].is_some() && left[1].is_none() && left[2].is_some());
         assert_eq!(remote(&t, 2), 7002);
         assert_eq!(t.setups()[2].as_ref().unwrap().pace_bps, Some(400));
+        assert_eq!(rows.rows_of(0), vec![0, 1, 2]);
+        assert_eq!(rows.rows_of(3), vec![3]);
     }
 }
