@@ -477,7 +477,8 @@ fn losses_at_a_small_queue_are_seen_and_measured() {
 /// data (`ss` on the sender counts the TCP sockets that moved over a megabyte), each capped
 /// at 20 Mbit/s by the BPF pacer (`ss` shows the cap), so that together they stay under
 /// 80 Mbit/s on a 200 Mbit/s path; the summary says so, with one row per subflow. With
-/// `--cc dmctcp` the subflows form one DMCTCP group; with no flags the meter paces them.
+/// `--cc dmctcp` the subflows form one DMCTCP group; with no flags the meter paces them;
+/// `probe --mptcp` tries its configurations over subflows.
 #[test]
 fn mptcp_subflows_are_paced_reported_and_grouped() {
     if !root_or_skip("mptcp_subflows_are_paced_reported_and_grouped") {
@@ -532,10 +533,14 @@ fn mptcp_subflows_are_paced_reported_and_grouped() {
         assert_eq!(c["pace_bps"], 20_000_000, "{c}");
         assert!(c["bytes"].as_u64().unwrap() > 1 << 20, "{c}");
     }
-    // DMCTCP over the subflows: they form one group in the kernel by themselves (no tag),
-    // and the summary reads its counters back by the connection's token.
-    let events = p.bench(&["--mptcp", "-n", "4", "--time", "3", "--cc", "dmctcp"]);
+    // DMCTCP over the subflows, unpaced so that the queue overflows: they form one group in
+    // the kernel by themselves (no tag), which cuts, and the summary reads its counters back
+    // by the connection's token.
+    let events = p.bench(&[
+        "--mptcp", "-n", "4", "--time", "3", "--cc", "dmctcp", "--pace", "off",
+    ]);
     let s = summary(&events);
+    assert!(s["dmctcp"]["cuts"].as_u64().unwrap() >= 1, "{s}");
     // Every subflow is in the group. (On this path without delay the server's 8 port
     // announcements arrive together, and the path manager has once let a fifth subflow in.)
     assert!(s["subflows"].as_u64().unwrap() >= 4, "{s}");
@@ -564,6 +569,32 @@ fn mptcp_subflows_are_paced_reported_and_grouped() {
         rows.iter()
             .all(|c| c["cc"] == rows[0]["cc"] && c["cc"] != "reno"),
         "{s}"
+    );
+    // `probe --mptcp` tries its configurations over subflows (at most 9 of them) and
+    // recommends `--mptcp`.
+    let mut args = p.bench_args(&["--mptcp", "--budget", "5"]);
+    args[0] = "probe".into();
+    // Its profile goes to a cache of its own, so the other tests here do not start from it.
+    let cache = tempfile::tempdir().unwrap();
+    let out = p
+        .net
+        .command("s", env!("CARGO_BIN_EXE_hsxfer"))
+        .env("XDG_CACHE_HOME", cache.path())
+        .args(&args)
+        .output()
+        .unwrap();
+    let probe: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
+    });
+    assert_eq!(probe["type"], "probe", "{probe}");
+    assert!(
+        probe["flags"].as_str().unwrap().starts_with("--mptcp "),
+        "{probe}"
+    );
+    let tried = probe["candidates"].as_array().unwrap();
+    assert!(
+        tried.iter().all(|c| c["channels"].as_u64().unwrap() <= 9),
+        "{probe}"
     );
     // The sender's path-manager limits are back as they were, and it announced nothing.
     let ip = |args: &[&str]| {

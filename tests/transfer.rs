@@ -281,6 +281,7 @@ async fn a_probe_of_an_older_server_says_to_upgrade_it() {
             budget: std::time::Duration::from_secs(10),
             direction: hsxfer::probe::Direction::Push,
             policy: Default::default(),
+            mptcp: false,
         },
         &|_| {},
     )

@@ -228,13 +228,15 @@ def probe(
     encrypt: bool = True,
     server_fingerprint: Optional[str] = None,
     known_servers: Optional[PathLike] = None,
+    mptcp: bool = False,
 ) -> Dict[str, Any]:
     """Measures the path to ``host`` and ranks congestion control x channels x pacing within
     ``budget`` seconds, like ``hsxfer probe --json``. With ``save`` the result is kept as the
     server's profile, which later copies in that direction start from (``tune="auto"``).
     Returns the report as a dict (``rtt_ms``, ``rate_bps``, ``recommendation``, ``flags``,
     ``candidates``, ``profile``: the saved file or None, ...). Encryption as for
-    :func:`copy`."""
+    :func:`copy`; ``mptcp`` runs the trials over MPTCP subflows, as ``hsxfer probe
+    --mptcp``."""
     report = _native.probe(
         host,
         port=port,
@@ -246,6 +248,7 @@ def probe(
         encrypt=encrypt,
         server_fingerprint=server_fingerprint,
         known_servers=os.fspath(known_servers) if known_servers is not None else None,
+        mptcp=mptcp,
     )
     return json.loads(report)
 

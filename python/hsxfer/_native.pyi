@@ -39,6 +39,7 @@ def probe(
     encrypt: bool = True,
     server_fingerprint: Optional[str] = None,
     known_servers: Optional[str] = None,
+    mptcp: bool = False,
 ) -> str: ...
 
 class Server:

@@ -382,7 +382,7 @@ fn bench_memory(
 /// with `save`, keeps the profile for later copies to this server (as `hsxfer probe` does).
 /// Returns the report as JSON with `profile`, the saved file (or null).
 #[pyfunction]
-#[pyo3(signature = (host, *, port, token_file=None, budget=10.0, direction="push", policy="fair", save=true, encrypt=true, server_fingerprint=None, known_servers=None))]
+#[pyo3(signature = (host, *, port, token_file=None, budget=10.0, direction="push", policy="fair", save=true, encrypt=true, server_fingerprint=None, known_servers=None, mptcp=false))]
 #[allow(clippy::too_many_arguments)] // the Python keywords, one by one
 fn probe(
     py: Python<'_>,
@@ -396,6 +396,7 @@ fn probe(
     encrypt: bool,
     server_fingerprint: Option<String>,
     known_servers: Option<PathBuf>,
+    mptcp: bool,
 ) -> PyResult<String> {
     if !(0.0..=86_400.0).contains(&budget) {
         return Err(PyValueError::new_err(format!(
@@ -409,6 +410,7 @@ fn probe(
         budget: Duration::from_secs_f64(budget),
         direction: named("direction", direction)?,
         policy: named("policy", policy)?,
+        mptcp,
     };
     let h = host.clone();
     let work = async move { hsxfer::probe::probe(&h, &opts, &|_| {}).await };

@@ -32,6 +32,10 @@ pub struct ProbeArgs {
     /// Server port.
     #[arg(long, default_value_t = DEFAULT_PORT)]
     port: u16,
+    /// Try the configurations over one Multipath TCP connection whose subflows are the
+    /// channels (as `copy --mptcp`; at most 9 subflows), and recommend `--mptcp`.
+    #[arg(long)]
+    mptcp: bool,
     /// Print one JSON object (schema: docs/json.md) instead of human output.
     #[arg(long)]
     json: bool,
@@ -101,6 +105,7 @@ pub async fn run(a: ProbeArgs) -> anyhow::Result<bool> {
             budget: a.budget,
             direction: a.direction,
             policy: a.policy,
+            mptcp: a.mptcp,
         },
         &show,
     )

@@ -28,6 +28,7 @@ use crate::channels::control::{BenchDirection, HostFacts, Policy};
 use crate::channels::telemetry::{MeterEnd, Sample};
 use crate::error::{Error, Result};
 use crate::fsio::profiles::{ProfileError, ProfileStore};
+use crate::transport::mptcp::MAX_EXTRA_SUBFLOWS;
 use crate::transport::Transport;
 use crate::tuning::bdp::WIRE_OVERHEAD;
 use crate::tuning::desync::{PaceChoice, StaggerChoice};
@@ -53,6 +54,10 @@ pub struct ProbeOptions {
     pub direction: Direction,
     /// Which congestion controls may be recommended.
     pub policy: Policy,
+    /// Run the trials over one MPTCP connection whose subflows are the channels (see
+    /// [`TransferOptions::mptcp`]); channel counts above what the kernel's path manager
+    /// gives one connection are not tried.
+    pub mptcp: bool,
 }
 
 /// A step of a running probe, for progress displays.
@@ -271,6 +276,7 @@ pub async fn probe(
         auth: opts.auth.clone(),
         security: opts.security.clone(),
         policy: opts.policy,
+        mptcp: opts.mptcp,
         ..Default::default()
     };
     let (server, rtt) = Client::new(host, base.clone()).server_facts().await?;
@@ -341,6 +347,9 @@ pub async fn probe(
     };
     let usable = |cc: &str| sender.usable(cc);
     let mut pool = candidates(&path, &usable, &sender.cc_default, opts.policy);
+    if opts.mptcp {
+        pool.retain(|c| c.channels <= MAX_EXTRA_SUBFLOWS + 1);
+    }
     let preference = pool.clone();
     let mut trials: Vec<Trial> = Vec::new();
     // The first trial counts for its configuration: paced when the meter found the rate;
@@ -409,7 +418,10 @@ pub async fn probe(
         loss: path.loss,
         window_max,
         server,
-        flags: recommendation.flags(mss),
+        flags: match opts.mptcp {
+            true => format!("--mptcp {}", recommendation.flags(mss)),
+            false => recommendation.flags(mss),
+        },
         recommendation,
         candidates: ranked,
         seconds: start.elapsed().as_secs_f64(),

@@ -102,6 +102,7 @@ pub async fn settle(
                 budget: PROBE_BUDGET,
                 direction,
                 policy: opts.policy,
+                mptcp: opts.mptcp,
             },
             &|_| {},
         )
