@@ -113,6 +113,7 @@ mod tests {
                         "\"-n ",
                         "\" --rate ",
                         "\" --pace off\"",
+                        "\"--mptcp {}\"",
                     ];
                     let in_string = code.split('"').skip(1).step_by(2).any(|s| {
                         s.contains("--") && s.split_whitespace().any(|w| w.starts_with("--"))
