@@ -1,9 +1,10 @@
 //! A process's budget of files open for receiving, shared by all its sessions. A session may
 //! hold [`MAX_UNFINISHED_FILES`](crate::channels::limits::MAX_UNFINISHED_FILES) files being
 //! received (a partial file and a restart journal each), so one large tree, or a few, would
-//! otherwise run a process at the common `ulimit -n 1024` out of descriptors. A session takes one slot per file of a manifest chunk
-//! before it opens them, and gives each back when that file is committed; a session that
-//! finds the budget spent waits, and its sender with it, until files commit.
+//! otherwise run a process at the common `ulimit -n 1024` out of descriptors. A session takes
+//! one slot per file of a manifest chunk before it opens them, and gives each back when that
+//! file is committed; a session that finds the budget spent waits, and its sender with it,
+//! until files commit.
 
 use std::sync::Arc;
 

@@ -1,8 +1,8 @@
 //! The sending side's sampling thread: every [`SAMPLE_PERIOD`] it reads `TCP_INFO` of every
-//! data socket (of every subflow of an MPTCP connection) into the telemetry and, when the transfer is tuned online, feeds the
-//! [`PathEstimator`] and the [`OnlineTuner`] and carries out what the tuner decides (pacing
-//! caps and congestion controls on the sockets, releasing the channels held for the meter,
-//! asking the engine for more channels).
+//! data socket (of every subflow of an MPTCP connection) into the telemetry and, when the
+//! transfer is tuned online, feeds the [`PathEstimator`] and the [`OnlineTuner`] and carries
+//! out what the tuner decides (pacing caps and congestion controls on the sockets, releasing
+//! the channels held for the meter, asking the engine for more channels).
 //!
 //! A thread of its own, not a tokio task: a runtime worker can sit in one multi-megabyte
 //! `send` for a long time (on a busy 2-core host, a task-driven sampler was measured with gaps
@@ -17,11 +17,10 @@ use std::time::Instant;
 use tokio::sync::{mpsc, watch};
 
 use super::report::LiveStats;
-use super::subflow_rows::{per_channel, read_sockets, Rows};
+use super::subflow_rows::{per_channel, read_sockets, Rows, Watched};
 use super::telemetry::SAMPLE_PERIOD;
 use crate::channels::telemetry::{Sample, TunerReport};
 use crate::transport::cc::{congestion, set_congestion};
-use crate::transport::mptcp::is_mptcp;
 use crate::transport::tcp::{set_max_pacing_rate, PACING_UNCAPPED};
 use crate::tuning::estimate::PathEstimator;
 use crate::tuning::online::{Action, OnlineTuner};
@@ -49,7 +48,7 @@ struct Online {
 
 struct Shared {
     stop: AtomicBool,
-    sockets: Mutex<Vec<Option<OwnedFd>>>,
+    sockets: Mutex<Vec<Option<Watched>>>,
     online: Mutex<Option<Online>>,
     live: Arc<LiveStats>,
 }
@@ -129,23 +128,24 @@ impl Sampler {
     /// Starts sampling channel `index`'s socket (a duplicate of its descriptor, so it stays
     /// readable after the channel closed), applying what the tuner already decided for it.
     pub fn attach(&self, index: usize, sock: &impl AsFd) -> crate::Result<()> {
-        let fd = sock
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(crate::Error::io("duplicating a data socket for telemetry"))?;
+        let w = Watched::new(
+            sock.as_fd()
+                .try_clone_to_owned()
+                .map_err(crate::Error::io("duplicating a data socket for telemetry"))?,
+        );
         if let Some(o) = self.shared.online.lock().expect("tuner lock").as_ref() {
             if let Some(Some(name)) = o.cc.get(index) {
-                apply_cc(&self.shared.live, &[index], &fd, name);
+                apply_cc(&self.shared.live, &[index], &w.fd, name);
             }
             if let Some(Some(rate)) = o.pace.get(index) {
-                apply_pace(&self.shared.live, index, &fd, *rate);
+                apply_pace(&self.shared.live, index, &w, *rate);
             }
         }
         let mut sockets = self.shared.sockets.lock().expect("sampler sockets lock");
         if sockets.len() <= index {
             sockets.resize_with(index + 1, || None);
         }
-        sockets[index] = Some(fd);
+        sockets[index] = Some(w);
         Ok(())
     }
 
@@ -228,13 +228,13 @@ fn carry_out(s: &Shared, o: &mut Online, actions: Vec<Action>, placed: &Rows) {
                     o.pace.resize(channel + 1, None);
                 }
                 o.pace[channel] = Some(rate);
-                if let Some(fd) = open(channel) {
-                    apply_pace(&s.live, channel, fd, rate);
+                if let Some(w) = open(channel) {
+                    apply_pace(&s.live, channel, w, rate);
                 }
             }
             Action::SetCc { channel, name } => {
-                if let Some(fd) = open(channel) {
-                    apply_cc(&s.live, &placed.rows_of(channel), fd, &name);
+                if let Some(w) = open(channel) {
+                    apply_cc(&s.live, &placed.rows_of(channel), &w.fd, &name);
                 }
                 if o.cc.len() <= channel {
                     o.cc.resize(channel + 1, None);
@@ -253,9 +253,9 @@ fn carry_out(s: &Shared, o: &mut Online, actions: Vec<Action>, placed: &Rows) {
 
 /// Caps channel `channel`; an MPTCP connection's subflows share the cap, and their rows show
 /// each one's share as the kernel reads it back ([`Rows`]).
-fn apply_pace(live: &LiveStats, channel: usize, fd: &OwnedFd, rate: Option<u64>) {
-    match set_max_pacing_rate(fd, rate.unwrap_or(PACING_UNCAPPED)) {
-        Ok(()) if !is_mptcp(fd) => live
+fn apply_pace(live: &LiveStats, channel: usize, w: &Watched, rate: Option<u64>) {
+    match set_max_pacing_rate(&w.fd, rate.unwrap_or(PACING_UNCAPPED)) {
+        Ok(()) if !w.mptcp => live
             .telemetry
             .set_pace(channel, rate.map(|r| r.saturating_mul(8))),
         Ok(()) => {}

@@ -24,14 +24,30 @@ pub(super) struct Row {
     pub(super) subflow: Option<Subflow>,
 }
 
+/// A data socket the sampler reads: a duplicate of its descriptor, and whether it is an
+/// MPTCP socket (its protocol never changes, so it is read once).
+pub(super) struct Watched {
+    pub(super) fd: OwnedFd,
+    pub(super) mptcp: bool,
+}
+
+impl Watched {
+    pub(super) fn new(fd: OwnedFd) -> Watched {
+        let mptcp = mptcp::is_mptcp(&fd);
+        Watched { fd, mptcp }
+    }
+}
+
 /// Reads every socket: a TCP channel gives one reading, an MPTCP connection one per
 /// connected subflow (a subflow being closed is disconnected first, which clears its
 /// addresses and counters: it gives none).
-pub(super) fn read_sockets(sockets: &[Option<OwnedFd>]) -> Vec<Row> {
+pub(super) fn read_sockets(sockets: &[Option<Watched>]) -> Vec<Row> {
     let mut rows = Vec::with_capacity(sockets.len());
-    for (channel, fd) in sockets.iter().enumerate() {
-        let Some(fd) = fd else { continue };
-        if mptcp::is_mptcp(fd) {
+    for (channel, w) in sockets.iter().enumerate() {
+        let Some(Watched { fd, mptcp }) = w else {
+            continue;
+        };
+        if *mptcp {
             // Read again once if a subflow joined between the kernel's two answers.
             let subflows = mptcp::subflow_info(fd).or_else(|_| mptcp::subflow_info(fd));
             if let Some(subflows) = subflows.ok().filter(|s| !s.is_empty()) {

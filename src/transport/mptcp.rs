@@ -62,19 +62,7 @@ fn mptcp_info(sock: &impl AsFd) -> Option<[u8; 96]> {
 /// Whether `sock` is an MPTCP socket (`SO_PROTOCOL` is `IPPROTO_MPTCP`), fallen back or not.
 /// Such a socket refuses `SO_MAX_PACING_RATE`: [`super::subflow_pacing`] caps its subflows.
 pub fn is_mptcp(sock: &impl AsFd) -> bool {
-    let mut proto: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: pointer and length of a live c_int.
-    let rc = unsafe {
-        libc::getsockopt(
-            sock.as_fd().as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PROTOCOL,
-            &mut proto as *mut libc::c_int as *mut libc::c_void,
-            &mut len,
-        )
-    };
-    rc == 0 && proto == libc::IPPROTO_MPTCP
+    socket2::SockRef::from(sock).protocol().ok().flatten() == Some(socket2::Protocol::MPTCP)
 }
 
 /// One subflow of an MPTCP connection, as the kernel sees it.
