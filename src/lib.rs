@@ -64,6 +64,7 @@ pub use error::{Error, Result};
 pub use session::admission::ServerLimits;
 pub use session::builder::{ClientBuilder, ServerBuilder};
 pub use session::client::{BenchAmount, Client, PathRate, TransferOptions, Tune};
+pub use session::mptcp_paths::MptcpPaths;
 pub use session::report::{ChannelReport, LiveStats, TransferReport};
 pub use session::server::{Server, ServerConfig};
 #[cfg(feature = "testing")]

@@ -325,10 +325,22 @@ fn bad_input_gets_a_clear_one_line_error() {
     );
     fails_with(&["copy", f, "127.0.0.1:x"], "--token-file");
     fails_with(&["copy", "--no-auth", f, "other"], "both local");
-    fails_with(
-        &["copy", "--no-auth", "-n", "0", f, "127.0.0.1:x"],
-        "channel count",
-    );
+    // Flags that do not parse are the argument parser's usage errors (exit status 2).
+    for (args, needle) in [
+        (
+            vec!["--mptcp", "--mptcp-paths", "eth1"],
+            "'eth1' is not an IP address",
+        ),
+        (
+            vec!["--mptcp-paths", "off"],
+            "required arguments were not provided:\n  --mptcp",
+        ),
+    ] {
+        let out = hsxfer(&[&["copy", "--no-auth"], &args[..], &[f, "127.0.0.1:x"]].concat());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(needle), "{err}");
+    }
     let port = free_port();
     let _s = serve(dir.path(), port);
     let p = port.to_string();

@@ -11,7 +11,7 @@ use std::process::{Output, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use common::netns::{root_or_skip, Dumbbell, ServerProc, RECEIVER, SENDER};
+use common::netns::{root_or_skip, Dumbbell, ServerProc, RECEIVER, SENDER, SENDER2};
 use serde_json::Value;
 
 /// One bottleneck test at a time: they measure rates on a 2-core machine.
@@ -609,4 +609,87 @@ fn mptcp_subflows_are_paced_reported_and_grouped() {
     };
     assert!(ip(&["endpoint", "show"]).trim().is_empty());
     assert!(ip(&["limits", "show"]).contains("add_addr_accepted 0"));
+}
+
+#[test]
+fn mptcp_subflows_take_a_second_path_when_the_host_has_one() {
+    if !root_or_skip("mptcp_subflows_take_a_second_path_when_the_host_has_one") {
+        return;
+    }
+    let _g = lock();
+    let p = path_with(100, 100, &["--mptcp"]);
+    p.net.second_path(60, 100);
+    let sent = || (p.net.bottleneck_sent("r"), p.net.bottleneck_sent("q"));
+    // A second local address routed out through another interface is found by itself; each
+    // path gets -n subflows (the second one to each port the server announced).
+    let before = sent();
+    let events = p.bench(&["--mptcp", "-n", "2", "--time", "4"]);
+    let after = sent();
+    let s = summary(&events);
+    assert_eq!(s["transport"], "mptcp", "{s}");
+    let notes = s["tuning"]["notes"].to_string();
+    assert!(notes.contains("over 2 paths"), "{notes}");
+    assert!(notes.contains("unpaced"), "{notes}");
+    let rows = s["channels"].as_array().unwrap();
+    for from in [SENDER, SENDER2] {
+        let bytes: u64 = rows
+            .iter()
+            .filter(|c| {
+                c["local"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with(&format!("{from}:"))
+            })
+            .map(|c| c["bytes"].as_u64().unwrap())
+            .sum();
+        assert!(
+            bytes > 4 << 20,
+            "subflows from {from} moved {bytes} bytes: {s}"
+        );
+    }
+    // Both bottlenecks carried data, and together more than the faster one can alone.
+    let (one, two) = (after.0 - before.0, after.1 - before.1);
+    assert!(two > one / 5, "path 1 sent {one} bytes, path 2 {two}");
+    let goodput = s["goodput_bps"].as_f64().unwrap();
+    assert!(
+        goodput > 100e6,
+        "two paths of 100 and 60 Mbit/s moved {goodput} bit/s"
+    );
+    // The endpoints hsxfer added are gone, and the limits back as they were.
+    let ip = |args: &[&str]| {
+        let out = p
+            .net
+            .command("s", "ip")
+            .arg("mptcp")
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(ip(&["endpoint", "show"]).trim().is_empty());
+    assert!(ip(&["limits", "show"]).contains("add_addr_accepted 0"));
+    // Off: the kernel's choice only.
+    let events = p.bench(&["--mptcp", "-n", "2", "--time", "2", "--mptcp-paths", "off"]);
+    let s = summary(&events);
+    for c in s["channels"].as_array().unwrap() {
+        assert!(
+            c["local"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("{SENDER}:")),
+            "{c}"
+        );
+    }
+    // An address this host does not have: a one-line error before anything is set.
+    let args = p.bench_args(&["--mptcp", "--time", "1", "--mptcp-paths", "10.9.3.9"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = p.net.client(&args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("10.9.3.9 is not an address of this host"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(ip(&["endpoint", "show"]).trim().is_empty());
 }

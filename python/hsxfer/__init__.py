@@ -62,12 +62,15 @@ def _options(
     tune: str,
     policy: str,
     mptcp: bool,
+    mptcp_paths: Union[str, Sequence[str]],
     encrypt: bool,
     server_fingerprint: Optional[str],
     known_servers: Optional[PathLike],
 ) -> Dict[str, Any]:
     if isinstance(cc, str):
         cc = [cc]
+    if not isinstance(mptcp_paths, str):
+        mptcp_paths = ",".join(mptcp_paths)
     return {
         "channels": channels,
         "port": port,
@@ -79,6 +82,7 @@ def _options(
         "tune": tune,
         "policy": policy,
         "mptcp": mptcp,
+        "mptcp_paths": mptcp_paths,
         "encrypt": encrypt,
         "server_fingerprint": server_fingerprint,
         "known_servers": os.fspath(known_servers) if known_servers is not None else None,
@@ -106,6 +110,7 @@ def copy(
     tune: str = "auto",
     policy: str = "fair",
     mptcp: bool = False,
+    mptcp_paths: Union[str, Sequence[str]] = "auto",
     encrypt: bool = True,
     server_fingerprint: Optional[str] = None,
     known_servers: Optional[PathLike] = None,
@@ -127,7 +132,10 @@ def copy(
     the data over one Multipath TCP connection with ``channels`` subflows (paced as root,
     ``pace`` per subflow or from ``rate``); it falls back to TCP, with a warning, unless the
     server listens with MPTCP. The report's ``transport`` and ``subflows`` say what ran, and
-    its ``channels`` rows are the subflows.
+    its ``channels`` rows are the subflows. ``mptcp_paths`` is ``"auto"`` (as root, also open
+    subflows from every local address whose route toward the server leaves through another
+    interface), ``"off"``, or a list of this host's addresses to use as well; each path gets
+    ``channels`` subflows, 9 in all at most.
 
     Every connection is TLS 1.3. The server's key is checked against the known-servers file
     (``~/.config/hsxfer/known_servers``, or ``known_servers``): a server met for the first
@@ -148,7 +156,7 @@ def copy(
     """
     options = _options(
         channels, port, token_file, block_size, cc, rate, pace, tune, policy, mptcp,
-        encrypt, server_fingerprint, known_servers,
+        mptcp_paths, encrypt, server_fingerprint, known_servers,
     )
     report = _native.copy(
         _operands(sources, dest),
@@ -188,6 +196,7 @@ def bench(
     tune: str = "auto",
     policy: str = "fair",
     mptcp: bool = False,
+    mptcp_paths: Union[str, Sequence[str]] = "auto",
     encrypt: bool = True,
     server_fingerprint: Optional[str] = None,
     known_servers: Optional[PathLike] = None,
@@ -200,7 +209,7 @@ def bench(
     does."""
     options = _options(
         channels, port, token_file, block_size, cc, rate, pace, tune, policy, mptcp,
-        encrypt, server_fingerprint, known_servers,
+        mptcp_paths, encrypt, server_fingerprint, known_servers,
     )
     if bytes is None and seconds is None:
         seconds = 10.0

@@ -186,6 +186,7 @@ struct Options {
     tune: String,
     policy: String,
     mptcp: bool,
+    mptcp_paths: String,
     encrypt: bool,
     server_fingerprint: Option<String>,
     known_servers: Option<PathBuf>,
@@ -224,6 +225,10 @@ impl Options {
             pace: self.pace.map_or(d.pace, |bits| PaceChoice::Fixed(bits / 8)),
             policy: named("policy", &self.policy)?,
             mptcp: self.mptcp,
+            mptcp_paths: self
+                .mptcp_paths
+                .parse()
+                .map_err(|e| PyValueError::new_err(format!("mptcp_paths: {e}")))?,
             security: security(self.encrypt, self.server_fingerprint, self.known_servers)?,
             ..d
         };

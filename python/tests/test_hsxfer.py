@@ -247,9 +247,19 @@ def test_mptcp_channels_when_both_ends_ask(tmp_path):
     random_file(src, 3 << 20)
     with hsxfer.Server(root, mptcp=True) as server:
         r = hsxfer.push(src, "127.0.0.1:data.bin", port=server.port, channels=2, mptcp=True)
+        # Paths are checked before anything connects: words that are no address, and
+        # addresses this host does not have.
+        with pytest.raises(ValueError, match="'eth1' is not an IP address"):
+            hsxfer.push(src, "127.0.0.1:x", port=server.port, mptcp=True,
+                        mptcp_paths=["127.0.0.1", "eth1"])
+        if os.geteuid() == 0:
+            with pytest.raises(ValueError, match="192.0.2.7 is not an address of this host"):
+                hsxfer.push(src, "127.0.0.1:x", port=server.port, mptcp=True,
+                            mptcp_paths="192.0.2.7")
     assert r["transport"] == "mptcp"
     assert r["verified"]
     assert digest(root / "data.bin") == digest(src)
+    assert not (root / "x").exists()
 
 
 def test_copies_are_encrypted_and_the_server_key_is_checked(tmp_path):

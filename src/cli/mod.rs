@@ -29,8 +29,8 @@ use hsxfer::transport::tls::{Fingerprint, ServerIdentity, ServerTls};
 use hsxfer::tuning::bdp::BufferChoice;
 use hsxfer::tuning::desync::{PaceChoice, StaggerChoice};
 use hsxfer::{
-    Auth, BenchAmount, BenchDirection, Client, LiveStats, PathRate, Server, ServerConfig,
-    ServerLimits, TransferOptions, TransferReport, Tune, DEFAULT_PORT,
+    Auth, BenchAmount, BenchDirection, Client, LiveStats, MptcpPaths, PathRate, Server,
+    ServerConfig, ServerLimits, TransferOptions, TransferReport, Tune, DEFAULT_PORT,
 };
 
 use hsxfer::fsio::operands::{self, Direction};
@@ -265,6 +265,13 @@ struct TransferArgs {
     /// (--pace, --rate, or what the online tuner measures); without root they run unpaced.
     #[arg(long)]
     mptcp: bool,
+    /// With --mptcp, which local addresses open subflows: auto (as root, also every address
+    /// whose route toward the server leaves through another interface, e.g. a second uplink
+    /// with its own routing rule), off (only the kernel's choice), or ADDR[,ADDR...] (as
+    /// well as the kernel's choice). Each path gets -n subflows, 9 in all at most.
+    #[arg(long, value_name = "auto|off|ADDR[,ADDR...]", default_value = "auto",
+          value_parser = <MptcpPaths as std::str::FromStr>::from_str, requires = "mptcp")]
+    mptcp_paths: MptcpPaths,
     /// Print NDJSON events (schema: docs/json.md) instead of human output.
     #[arg(long)]
     json: bool,
@@ -309,6 +316,7 @@ impl TransferArgs {
             pace: self.pace,
             interval: self.interval,
             mptcp: self.mptcp,
+            mptcp_paths: self.mptcp_paths.clone(),
             // A one-shot server's key came over SSH: pin it.
             security: match remote {
                 Some(r) => Security::Tls(Trust::Pinned(r.key)),

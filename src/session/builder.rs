@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use super::admission::ServerLimits;
 use super::client::{Client, PathRate, TransferOptions, Tune};
+use super::mptcp_paths::MptcpPaths;
 use super::server::{Server, ServerConfig};
 use super::{token, Auth, DEFAULT_PORT};
 use crate::error::Result;
@@ -51,6 +52,13 @@ impl ClientBuilder {
     /// Runs the data channels as Multipath TCP connections (see [`TransferOptions::mptcp`]).
     pub fn mptcp(mut self, on: bool) -> Self {
         self.opts.mptcp = on;
+        self
+    }
+
+    /// With MPTCP, which of this host's addresses the connection opens subflows from (see
+    /// [`TransferOptions::mptcp_paths`]; by default every other path toward the server).
+    pub fn mptcp_paths(mut self, paths: MptcpPaths) -> Self {
+        self.opts.mptcp_paths = paths;
         self
     }
 

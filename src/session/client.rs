@@ -14,6 +14,7 @@ use tokio::task::JoinSet;
 use super::faults::FaultInjection;
 use super::growth::{timed_connect, Arrivals, Connector, Growth, Joiner, Setup};
 use super::handshake;
+use super::mptcp_paths::{MptcpPaths, PathManager};
 use super::receiver::{ReceiveEngine, Sink};
 use super::report::{LiveStats, SideOutcome, TransferReport, TuningReport};
 use super::sampler::SendingSide;
@@ -34,8 +35,7 @@ use crate::error::{Error, Result};
 use crate::fsio::dest::Destination;
 use crate::fsio::root::Scope;
 use crate::fsio::source::SourceTree;
-use crate::transport::cc::privileged;
-use crate::transport::mptcp::{self, Limits, LimitsSet, MAX_EXTRA_SUBFLOWS};
+use crate::transport::mptcp;
 use crate::transport::route;
 use crate::transport::subflow_pacing;
 use crate::transport::tcp_info::tcp_info;
@@ -115,6 +115,9 @@ pub struct TransferOptions {
     /// which needs root ([`crate::transport::subflow_pacing`]); without root they run
     /// unpaced.
     pub mptcp: bool,
+    /// With `mptcp`, which of this host's addresses the connection opens subflows from, each
+    /// with `channels` subflows (at most 9 in all, the kernel path manager's limit).
+    pub mptcp_paths: MptcpPaths,
     /// TLS (the default) or clear text, and which server keys are accepted.
     pub security: Security,
     /// Deliberate damage, for tests of the integrity path (`testing` feature).
@@ -151,6 +154,7 @@ impl Default for TransferOptions {
             pace: PaceChoice::Auto,
             interval: Duration::from_secs(1),
             mptcp: false,
+            mptcp_paths: MptcpPaths::Auto,
             security: Security::default(),
             #[cfg(feature = "testing")]
             faults: FaultInjection::default(),
@@ -175,6 +179,9 @@ impl TransferOptions {
                 limits::MIN_BLOCK,
                 limits::MAX_BLOCK
             )));
+        }
+        if self.mptcp {
+            self.mptcp_paths.check()?;
         }
         if self.mptcp && matches!(self.pace, PaceChoice::Fixed(_)) && !subflow_pacing::available() {
             return Err(Error::Usage(
@@ -243,8 +250,9 @@ struct Opened {
     transport: Transport,
     /// Subflows of the MPTCP connection once they had joined.
     subflows: Option<u16>,
-    /// The path manager's limits, set for this transfer's subflows and put back after it.
-    _limits: Option<LimitsSet>,
+    /// The path manager's limits and endpoints, set for this transfer's subflows and put
+    /// back after it.
+    _path_manager: PathManager,
     /// The online tuner, when this end sends and the transfer is tuned.
     tuner: Option<OnlineTuner>,
     /// How to connect channels that join later.
@@ -480,48 +488,6 @@ impl Client {
         }
     }
 
-    /// With MPTCP, raises the path manager's limits so that the connection takes up the
-    /// server's announced ports as `channels - 1` extra subflows (root: the limits are the
-    /// host's); otherwise says when the host's limits allow fewer.
-    fn subflow_limits(&self, notes: &mut Vec<String>) -> Option<LimitsSet> {
-        if !self.opts.mptcp {
-            return None;
-        }
-        let asked = self.opts.channels.saturating_sub(1);
-        if asked > MAX_EXTRA_SUBFLOWS {
-            notes.push(format!(
-                "client: an MPTCP connection has at most {} subflows with the kernel's path \
-                 manager, not {}",
-                MAX_EXTRA_SUBFLOWS + 1,
-                self.opts.channels
-            ));
-        }
-        let extra = asked.min(MAX_EXTRA_SUBFLOWS) as u32;
-        if extra == 0 {
-            return None;
-        }
-        let want = Limits {
-            subflows: extra,
-            add_addr_accepted: extra,
-        };
-        if privileged() {
-            match LimitsSet::to(want) {
-                Ok(set) => return Some(set),
-                Err(e) => notes.push(format!("client: MPTCP subflow limits not set: {e}")),
-            }
-        } else if let Ok(now) = Limits::read() {
-            if now.subflows.min(now.add_addr_accepted) < extra {
-                notes.push(format!(
-                    "client: this host's MPTCP limits allow {} extra subflows, not the {extra} \
-                     asked for (setting them needs root: ip mptcp limits set subflows {extra} \
-                     add_addr_accepted {extra})",
-                    now.subflows.min(now.add_addr_accepted)
-                ));
-            }
-        }
-        None
-    }
-
     /// MPTCP when every data channel runs it; asked for but refused on some, a note says so.
     fn transport_of(&self, channels: &[Stream], notes: &mut Vec<String>) -> Transport {
         if !self.opts.mptcp {
@@ -566,15 +532,24 @@ impl Client {
         self.opts.validate()?;
         let n = self.connections();
         let mut mptcp_notes = Vec::new();
-        let limits = self.subflow_limits(&mut mptcp_notes);
         let side = if we_send { Side::Send } else { Side::Receive };
         if we_send {
-            let mut t = self.tuning_request(Duration::ZERO, None, None, false);
-            t.online = self.online_request(None);
+            let one_path = PathManager::none(self.opts.channels);
+            let mut t = self.tuning_request(Duration::ZERO, None, None, false, &one_path);
+            t.online = self.online_request(None, &one_path);
             check_congestion(&t, "client")?;
         }
         let addrs = self.resolve().await?;
         let (addr, opened) = self.connect_control(&addrs).await?;
+        let pm = match self.opts.mptcp {
+            true => PathManager::set_up(
+                addr.ip(),
+                self.opts.channels,
+                &self.opts.mptcp_paths,
+                &mut mptcp_notes,
+            )?,
+            false => PathManager::none(self.opts.channels),
+        };
         let OpenedControl {
             stream: mut ctrl,
             opener,
@@ -605,13 +580,13 @@ impl Client {
                 None => (None, "unknown"),
             },
         };
-        let online = self.online_request(goodput);
+        let online = self.online_request(goodput, &pm);
         // The meter replaces an automatic stagger: the other channels start once the first
         // has measured the path, paced below its rate, so their slow starts cannot overshoot.
         let metered = online.as_ref().is_some_and(|o| o.pace);
         let stagger_choice = effective_stagger(self.opts.stagger, &self.opts.cc, metered);
         let stagger = stagger_offsets(stagger_choice, n, rtt, &mut rand::thread_rng());
-        let mut tuning = self.tuning_request(rtt, rate, goodput, live.telemetry.tracing());
+        let mut tuning = self.tuning_request(rtt, rate, goodput, live.telemetry.tracing(), &pm);
         tuning.online = online;
         tuning.stagger_us = stagger.iter().map(|d| d.as_micros() as u64).collect();
         let tuner = if we_send {
@@ -628,6 +603,10 @@ impl Client {
                 (false, _, _) => Some(
                     "the kernel refuses SO_MAX_PACING_RATE on MPTCP sockets, and pacing their \
                      subflows with a BPF program needs root",
+                ),
+                _ if pm.several() => Some(
+                    "they run over several paths, whose rates differ, while a connection's \
+                     cap is shared evenly by its subflows; give `pace` to cap each subflow",
                 ),
                 (true, None, false) => Some(
                     "the path's rate is unknown and no meter runs (`tune` off, or `stagger` \
@@ -696,7 +675,7 @@ impl Client {
         let transport = self.transport_of(&channels, &mut report.notes);
         report.notes.extend(mptcp_notes);
         let subflows = match transport {
-            Transport::Mptcp => Some(wait_for_subflows(&channels, self.opts.channels, rtt).await),
+            Transport::Mptcp => Some(wait_for_subflows(&channels, pm.subflows, rtt).await),
             Transport::Tcp => None,
         };
         if we_send {
@@ -733,7 +712,7 @@ impl Client {
             tuning: report,
             transport,
             subflows,
-            _limits: limits,
+            _path_manager: pm,
             tuner,
             connector,
         })
@@ -741,7 +720,7 @@ impl Client {
 
     /// What the online tuner of the sending side may do, from the options; `None` with
     /// [`Tune::Off`].
-    fn online_request(&self, goodput: Option<u64>) -> Option<OnlineTuning> {
+    fn online_request(&self, goodput: Option<u64>, pm: &PathManager) -> Option<OnlineTuning> {
         (self.opts.tune == Tune::Online).then(|| OnlineTuning {
             max_channels: match self.opts.mptcp {
                 true => 1,
@@ -750,7 +729,7 @@ impl Client {
             rate_bps: goodput,
             // An MPTCP connection is one channel to the tuner (its subflows' sum): its cap,
             // which its subflows share, is the meter's and then the tuner's.
-            pace: self.pace() == PaceChoice::Auto,
+            pace: self.pace(pm) == PaceChoice::Auto,
             meter: self.opts.stagger == StaggerChoice::Auto,
             // A congestion control the user chose meters the path itself.
             meter_cc: self.opts.cc.is_empty().then(|| METER_CC.to_string()),
@@ -759,15 +738,15 @@ impl Client {
     }
 
     /// The pacing asked for, per connection. A fixed cap is per channel, and the channels of
-    /// an MPTCP connection are its subflows, which share its cap. Without root, MPTCP
-    /// subflows cannot be paced.
-    fn pace(&self) -> PaceChoice {
+    /// an MPTCP connection are its subflows, which share its cap evenly. Without root, MPTCP
+    /// subflows cannot be paced; over several paths, whose rates differ, only a fixed cap
+    /// per subflow makes sense.
+    fn pace(&self, pm: &PathManager) -> PaceChoice {
         match (self.opts.mptcp, self.opts.pace) {
             (false, p) => p,
             (true, _) if !subflow_pacing::available() => PaceChoice::Off,
-            (true, PaceChoice::Fixed(c)) => {
-                PaceChoice::Fixed(c.saturating_mul(self.opts.channels as u64))
-            }
+            (true, PaceChoice::Fixed(c)) => PaceChoice::Fixed(c.saturating_mul(pm.subflows as u64)),
+            (true, PaceChoice::Auto) if pm.several() => PaceChoice::Off,
             (true, p) => p,
         }
     }
@@ -780,12 +759,13 @@ impl Client {
         rate: Option<u64>,
         goodput: Option<u64>,
         trace: bool,
+        pm: &PathManager,
     ) -> Tuning {
         let n = self.connections();
         Tuning {
             cc: self.opts.cc.clone(),
             buffer: bdp::request(self.opts.buffer, rate, rtt, n),
-            pace: pacing_caps(self.pace(), n, goodput),
+            pace: pacing_caps(self.pace(pm), n, goodput),
             stagger_us: vec![0; n as usize],
             rtt_us: rtt.as_micros() as u64,
             interval_ms: self.opts.interval.as_millis().clamp(10, u32::MAX as u128) as u32,

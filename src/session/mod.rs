@@ -13,6 +13,7 @@ mod faults;
 pub mod fswork;
 pub mod growth;
 pub mod handshake;
+pub mod mptcp_paths;
 pub mod probe;
 pub mod receiver;
 pub mod report;

@@ -2,7 +2,8 @@
 //! subflows, and the kernel path manager's settings that give a connection more subflows.
 //! A server listening with MPTCP also accepts plain TCP clients, and an MPTCP client falls
 //! back to TCP when the server or a middlebox does not speak it; only `MPTCP_INFO` tells
-//! which happened. The path manager is set with iproute2's `ip mptcp`, as root.
+//! which happened. The path manager is set with iproute2's `ip mptcp`, as root: its limits,
+//! a server's announced ports and a client's addresses on several paths.
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
@@ -272,10 +273,10 @@ impl SignalEndpoints {
             }
             let p = p.to_string();
             // One left by a server that was killed is taken over.
-            if endpoint_id(&a, &p)?.is_none() {
+            if endpoint_id(&a, Some(&p))?.is_none() {
                 ip(&["endpoint", "add", &a, "port", &p, "signal"])?;
             }
-            let id = endpoint_id(&a, &p)?
+            let id = endpoint_id(&a, Some(&p))?
                 .ok_or_else(|| io::Error::other(format!("endpoint {a} port {p} not listed")))?;
             added.ids.push(id);
         }
@@ -291,17 +292,63 @@ impl Drop for SignalEndpoints {
     }
 }
 
-/// The id of the endpoint on `addr` and `port`, if there is one (`ip mptcp endpoint show`
-/// lists "ADDR port P id N signal").
-fn endpoint_id(addr: &str, port: &str) -> io::Result<Option<String>> {
+/// `subflow fullmesh` endpoints on a client's addresses, one per path (the first path's
+/// address included): the in-kernel path manager then opens a subflow from each address to
+/// the server, and one from each to every port the server announces, so each path carries
+/// the connection's subflows. Endpoints belong to the network namespace, so other MPTCP
+/// connections of this host use them meanwhile. Those this added are removed when dropped;
+/// one that was there before is used as it is and kept.
+#[derive(Debug)]
+pub struct PathEndpoints {
+    ids: Vec<String>,
+}
+
+impl PathEndpoints {
+    /// Adds an endpoint for each `(address, interface)` that has none (root only).
+    pub fn add(paths: &[(IpAddr, &str)]) -> io::Result<PathEndpoints> {
+        let mut added = PathEndpoints { ids: Vec::new() };
+        for (addr, dev) in paths {
+            let a = addr.to_string();
+            if endpoint_id(&a, None)?.is_some() {
+                continue;
+            }
+            ip(&["endpoint", "add", &a, "dev", dev, "subflow", "fullmesh"])?;
+            let id = endpoint_id(&a, None)?
+                .ok_or_else(|| io::Error::other(format!("endpoint {a} not listed")))?;
+            added.ids.push(id);
+        }
+        Ok(added)
+    }
+}
+
+impl Drop for PathEndpoints {
+    fn drop(&mut self) {
+        for id in &self.ids {
+            let _ = ip(&["endpoint", "delete", "id", id]);
+        }
+    }
+}
+
+/// The id of the endpoint on `addr` and `port` (none: an endpoint without a port), if there
+/// is one (`ip mptcp endpoint show` lists "ADDR port P id N signal" and "ADDR id N subflow").
+fn endpoint_id(addr: &str, port: Option<&str>) -> io::Result<Option<String>> {
     let shown = ip(&["endpoint", "show"])?;
-    Ok(shown.lines().find_map(|line| {
+    Ok(endpoint_id_in(&shown, addr, port))
+}
+
+/// [`endpoint_id`] in the text `ip mptcp endpoint show` printed.
+fn endpoint_id_in(shown: &str, addr: &str, port: Option<&str>) -> Option<String> {
+    shown.lines().find_map(|line| {
         let w: Vec<&str> = line.split_whitespace().collect();
-        let ours = w.first() == Some(&addr) && w.get(1) == Some(&"port") && w.get(2) == Some(&port);
+        let on_port = match port {
+            Some(p) => w.get(1) == Some(&"port") && w.get(2) == Some(&p),
+            None => w.get(1) != Some(&"port"),
+        };
         let at = w.iter().position(|x| *x == "id")?;
-        ours.then(|| w.get(at + 1).map(|id| id.to_string()))
+        (w.first() == Some(&addr) && on_port)
+            .then(|| w.get(at + 1).map(|id| id.to_string()))
             .flatten()
-    }))
+    })
 }
 
 /// Runs `ip mptcp ARGS` and returns its output; a failure carries its stderr.
@@ -365,5 +412,21 @@ mod tests {
         let (fallback, _) = l.accept().unwrap();
         assert_eq!(subflows(&fallback), None);
         drop(t);
+    }
+
+    #[test]
+    fn finds_an_endpoint_by_address_and_port() {
+        let shown = "10.9.2.2 port 7701 id 1 signal \n10.9.3.1 id 2 subflow fullmesh dev sb \n";
+        assert_eq!(
+            endpoint_id_in(shown, "10.9.2.2", Some("7701")).as_deref(),
+            Some("1")
+        );
+        assert_eq!(endpoint_id_in(shown, "10.9.2.2", Some("7702")), None);
+        assert_eq!(endpoint_id_in(shown, "10.9.2.2", None), None);
+        assert_eq!(
+            endpoint_id_in(shown, "10.9.3.1", None).as_deref(),
+            Some("2")
+        );
+        assert_eq!(endpoint_id_in(shown, "10.9.3.1", Some("7701")), None);
     }
 }

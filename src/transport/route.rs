@@ -1,7 +1,8 @@
 //! Which way traffic leaves this host: the local address the kernel picks toward a peer
 //! (found without sending anything), the interface holding an address, and the interface of
 //! the default route. Used by `hsxfer doctor` to check the interface a transfer would use.
-//! Also the route toward a peer as `ip route get` shows it, for errors that a route causes.
+//! Also the route toward a peer as `ip route get` shows it, for errors that a route causes,
+//! and the other paths toward a peer that a host with several uplinks has (for MPTCP).
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, UdpSocket};
@@ -113,6 +114,90 @@ pub fn congctl(route: &str) -> Option<String> {
     words.get(at..at + len).map(|w| w.join(" "))
 }
 
+/// Where traffic toward a peer leaves this host: a source address and its interface.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Egress {
+    /// The source address.
+    pub addr: IpAddr,
+    /// The interface packets leave through.
+    pub dev: String,
+}
+
+/// Where traffic toward `to` leaves from `from`, or from the address the kernel picks:
+/// `ip -j route get TO [from FROM]`, which follows policy routing (`ip rule`) as packets do.
+pub fn egress(to: IpAddr, from: Option<IpAddr>) -> io::Result<Egress> {
+    let mut args = vec![
+        "-j".to_string(),
+        "route".into(),
+        "get".into(),
+        to.to_string(),
+    ];
+    if let Some(f) = from {
+        args.extend(["from".into(), f.to_string()]);
+    }
+    let out = std::process::Command::new("ip").args(&args).output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "no route toward {to}{}: {}",
+            from.map(|f| format!(" from {f}")).unwrap_or_default(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    egress_of(&String::from_utf8_lossy(&out.stdout), from)
+        .ok_or_else(|| io::Error::other(format!("`ip -j route get {to}` gave no interface")))
+}
+
+/// The interface and source address in `ip -j route get`'s answer; `from` when one was given
+/// (the answer then names it `from`, otherwise `prefsrc`).
+fn egress_of(json: &str, from: Option<IpAddr>) -> Option<Egress> {
+    let v: serde_json::Value = serde_json::from_str(json).ok()?;
+    let route = v.get(0)?;
+    let dev = route.get("dev")?.as_str()?.to_string();
+    let addr = match from {
+        Some(f) => f,
+        None => route.get("prefsrc")?.as_str()?.parse().ok()?,
+    };
+    Some(Egress { addr, dev })
+}
+
+/// The addresses of this host that can reach `to`'s family beyond the link: on interfaces
+/// that are up, not loopback, not link-local; each once.
+pub fn global_addrs(to: IpAddr) -> io::Result<Vec<IpAddr>> {
+    let mut found = Vec::new();
+    for i in nix::ifaddrs::getifaddrs()? {
+        let up = i.flags.contains(InterfaceFlags::IFF_UP)
+            && !i.flags.contains(InterfaceFlags::IFF_LOOPBACK);
+        let a = i.address.as_ref();
+        let ip = a
+            .and_then(|s| s.as_sockaddr_in().map(|v4| IpAddr::V4(v4.ip())))
+            .or_else(|| a.and_then(|s| s.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))));
+        let Some(ip) = ip.filter(|ip| up && ip.is_ipv4() == to.is_ipv4()) else {
+            continue;
+        };
+        let link_local = match ip {
+            IpAddr::V4(v4) => v4.is_link_local(),
+            IpAddr::V6(v6) => v6.segments()[0] & 0xffc0 == 0xfe80,
+        };
+        if !link_local && !ip.is_loopback() && !found.contains(&ip) {
+            found.push(ip);
+        }
+    }
+    Ok(found)
+}
+
+/// The paths toward `to` besides `main` (where the kernel sends by itself): this host's other
+/// addresses whose routes toward `to` leave through another interface, as a host with two
+/// uplinks and a routing rule per source address has. An address routed out through `main`'s
+/// interface adds no path and is left out.
+pub fn other_paths(to: IpAddr, main: &Egress) -> io::Result<Vec<Egress>> {
+    Ok(global_addrs(to)?
+        .into_iter()
+        .filter(|a| *a != main.addr)
+        .filter_map(|a| egress(to, Some(a)).ok())
+        .filter(|e| e.dev != main.dev)
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,5 +230,34 @@ mod tests {
         let local = source_addr(IpAddr::from([127, 0, 0, 1])).unwrap();
         assert!(local.is_loopback());
         assert_eq!(interface_of(local).unwrap().as_deref(), Some("lo"));
+    }
+
+    #[test]
+    fn reads_the_interface_and_source_of_a_route() {
+        let kernel_pick = r#"[{"dst":"10.9.2.2","gateway":"10.9.1.2","dev":"sa","prefsrc":"10.9.1.1","flags":[],"uid":0,"cache":[]}]"#;
+        assert_eq!(
+            egress_of(kernel_pick, None),
+            Some(Egress {
+                addr: "10.9.1.1".parse().unwrap(),
+                dev: "sa".into()
+            })
+        );
+        let from = r#"[{"dst":"10.9.2.2","from":"10.9.3.1","gateway":"10.9.3.2","dev":"sb","table":"103","flags":[],"uid":0,"cache":[]}]"#;
+        let src: IpAddr = "10.9.3.1".parse().unwrap();
+        assert_eq!(egress_of(from, Some(src)).map(|e| e.dev), Some("sb".into()));
+        assert_eq!(egress_of("[]", None), None);
+        assert_eq!(egress_of("not json", None), None);
+    }
+
+    #[test]
+    fn loopback_is_no_path_of_its_own() {
+        let lo = IpAddr::from([127, 0, 0, 1]);
+        let main = egress(lo, None).unwrap();
+        assert_eq!(main.dev, "lo");
+        assert!(!global_addrs(lo).unwrap().iter().any(|a| a.is_loopback()));
+        assert!(other_paths(lo, &main)
+            .unwrap()
+            .iter()
+            .all(|e| e.dev != "lo"));
     }
 }

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 pub const RECEIVER: &str = "10.9.2.2";
 /// Address of the sender host inside its namespace.
 pub const SENDER: &str = "10.9.1.1";
+/// The sender's address on the second path ([`Dumbbell::second_path`]).
+pub const SENDER2: &str = "10.9.3.1";
 
 /// A dumbbell of three namespaces.
 pub struct Dumbbell {
@@ -87,36 +89,97 @@ impl Dumbbell {
         run(&[
             "ip", "netns", "exec", &v, "ethtool", "-K", &db, "tso", "off", "gso", "off",
         ]);
-        let rate = format!("{rate_mbit}mbit");
-        run(&[
-            "tc",
-            "-n",
-            &r,
-            "qdisc",
-            "add",
-            "dev",
-            &rb,
-            "root",
-            "handle",
-            "1:",
-            "tbf",
-            "rate",
-            &rate,
-            "burst",
-            "20000",
-            "limit",
-            "100000",
-            "peakrate",
-            "10000gbit",
-            "mtu",
-            "1514",
-        ]);
-        let limit = queue.to_string();
-        run(&[
-            "tc", "-n", &r, "qdisc", "add", "dev", &rb, "parent", "1:1", "handle", "10:", "pfifo",
-            "limit", &limit,
-        ]);
+        d.bottleneck(&r, &rb, rate_mbit, queue);
         d
+    }
+
+    /// Adds a second, disjoint path between the sender and the receiver through a router of
+    /// its own (`q`), with a `rate_mbit` bottleneck and a `queue` packet drop-tail queue, as
+    /// a host with two uplinks has: the sender's second address [`SENDER2`] is routed out
+    /// through it by a routing rule (`ip rule from`), and the receiver reaches its subnet
+    /// back through it. Traffic from the sender's first address still takes the first path.
+    pub fn second_path(&self, rate_mbit: u32, queue: u32) {
+        let (s, q, v) = (self.ns("s"), self.ns("q"), self.ns("d"));
+        run(&["ip", "netns", "add", &q]);
+        run(&["ip", "-n", &q, "link", "set", "lo", "up"]);
+        let (sc, qa, qb, dc) = (
+            self.dev("sc"),
+            self.dev("qa"),
+            self.dev("qb"),
+            self.dev("dc"),
+        );
+        run(&[
+            "ip", "link", "add", &sc, "netns", &s, "type", "veth", "peer", "name", &qa, "netns", &q,
+        ]);
+        run(&[
+            "ip", "link", "add", &qb, "netns", &q, "type", "veth", "peer", "name", &dc, "netns", &v,
+        ]);
+        for (ns, dev, addr) in [
+            (&s, &sc, "10.9.3.1/24"),
+            (&q, &qa, "10.9.3.2/24"),
+            (&q, &qb, "10.9.4.1/24"),
+            (&v, &dc, "10.9.4.2/24"),
+        ] {
+            run(&["ip", "-n", ns, "addr", "add", addr, "dev", dev]);
+            run(&["ip", "-n", ns, "link", "set", dev, "up"]);
+        }
+        run(&[
+            "ip", "-n", &s, "rule", "add", "from", SENDER2, "lookup", "103",
+        ]);
+        run(&[
+            "ip", "-n", &s, "route", "add", "default", "via", "10.9.3.2", "table", "103",
+        ]);
+        run(&[
+            "ip",
+            "-n",
+            &q,
+            "route",
+            "add",
+            "10.9.2.0/24",
+            "via",
+            "10.9.4.2",
+        ]);
+        run(&[
+            "ip",
+            "-n",
+            &v,
+            "route",
+            "add",
+            "10.9.3.0/24",
+            "via",
+            "10.9.4.1",
+        ]);
+        run(&[
+            "ip",
+            "netns",
+            "exec",
+            &q,
+            "sysctl",
+            "-qw",
+            "net.ipv4.ip_forward=1",
+        ]);
+        for (ns, dev) in [(&s, &sc), (&v, &dc)] {
+            run(&[
+                "ip", "netns", "exec", ns, "ethtool", "-K", dev, "tso", "off", "gso", "off",
+            ]);
+        }
+        self.bottleneck(&q, &qb, rate_mbit, queue);
+    }
+
+    /// Bytes the bottleneck of path 1 (`r`) or path 2 (`q`) has sent.
+    pub fn bottleneck_sent(&self, router: &str) -> u64 {
+        let dev = match router {
+            "r" => self.dev("rb"),
+            _ => self.dev("qb"),
+        };
+        let out = Command::new("tc")
+            .args(["-n", &self.ns(router), "-s", "qdisc", "show", "dev", &dev])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut words = text.split_whitespace();
+        words.find(|w| *w == "Sent");
+        words.next().and_then(|n| n.parse().ok()).unwrap_or(0)
     }
 
     /// Gives `host` (`s` or `d`) a route toward the other end's subnet that carries
@@ -134,7 +197,42 @@ impl Dumbbell {
         run(&args);
     }
 
-    /// The namespace of `host`: `s` (sender), `r` (router) or `d` (receiver).
+    /// Shapes `dev`'s egress in namespace `ns`: TBF at `rate_mbit` into a `queue` packet
+    /// drop-tail `pfifo`.
+    fn bottleneck(&self, ns: &str, dev: &str, rate_mbit: u32, queue: u32) {
+        let rate = format!("{rate_mbit}mbit");
+        run(&[
+            "tc",
+            "-n",
+            ns,
+            "qdisc",
+            "add",
+            "dev",
+            dev,
+            "root",
+            "handle",
+            "1:",
+            "tbf",
+            "rate",
+            &rate,
+            "burst",
+            "20000",
+            "limit",
+            "100000",
+            "peakrate",
+            "10000gbit",
+            "mtu",
+            "1514",
+        ]);
+        let limit = queue.to_string();
+        run(&[
+            "tc", "-n", ns, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "pfifo",
+            "limit", &limit,
+        ]);
+    }
+
+    /// The namespace of `host`: `s` (sender), `r` (router) or `d` (receiver), and `q` (the
+    /// second path's router).
     pub fn ns(&self, host: &str) -> String {
         format!("{}{host}", self.prefix)
     }
@@ -234,7 +332,7 @@ impl Dumbbell {
 
 impl Drop for Dumbbell {
     fn drop(&mut self) {
-        for host in ["s", "r", "d"] {
+        for host in ["s", "r", "d", "q"] {
             let _ = Command::new("ip")
                 .args(["netns", "del", &self.ns(host)])
                 .output();
