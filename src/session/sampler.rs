@@ -210,7 +210,7 @@ fn run(s: &Shared) {
             let actions = o.ctl.tuner.on_tick(&o.estimator, &tick);
             if !actions.is_empty() {
                 tracing::debug!("tuner at {t:.3} s: {actions:?}");
-                carry_out(s, o, actions, &placed);
+                carry_out(s, o, actions, &mut placed);
                 s.live.telemetry.set_tuner(o.ctl.tuner.report().clone());
             }
         }
@@ -218,7 +218,7 @@ fn run(s: &Shared) {
 }
 
 /// Carries out the tuner's decisions: on open sockets now, on the others when they attach.
-fn carry_out(s: &Shared, o: &mut Online, actions: Vec<Action>, placed: &Rows) {
+fn carry_out(s: &Shared, o: &mut Online, actions: Vec<Action>, placed: &mut Rows) {
     let sockets = s.sockets.lock().expect("sampler sockets lock");
     let open = |i: usize| sockets.get(i).and_then(Option::as_ref);
     for a in actions {
@@ -235,6 +235,8 @@ fn carry_out(s: &Shared, o: &mut Online, actions: Vec<Action>, placed: &Rows) {
             Action::SetCc { channel, name } => {
                 if let Some(w) = open(channel) {
                     apply_cc(&s.live, &placed.rows_of(channel), &w.fd, &name);
+                    // An MPTCP connection's subflows, read back one by one.
+                    placed.record_cc(channel, &s.live.telemetry);
                 }
                 if o.cc.len() <= channel {
                     o.cc.resize(channel + 1, None);

@@ -2,7 +2,8 @@
 //! of an MPTCP connection (`MPTCP_TCPINFO`), so that the live display, the NDJSON `channel`
 //! events, the trace and the loss-synchronization metrics see the subflows that carry the
 //! data, not only the first. A subflow row's settings are its connection's, with its own
-//! addresses and its own pacing cap (set by [`crate::transport::subflow_pacing`]). The online
+//! addresses, its own pacing cap (set by [`crate::transport::subflow_pacing`]) and the
+//! congestion control the kernel reports for it ([`crate::transport::sock_diag`]). The online
 //! tuner, which paces and counts connections, sees an MPTCP connection as one channel: the
 //! sum of its subflows ([`per_channel`]).
 
@@ -12,6 +13,7 @@ use std::os::fd::OwnedFd;
 use super::telemetry::Telemetry;
 use crate::channels::telemetry::{ChannelSetup, TcpSample};
 use crate::transport::mptcp::{self, Subflow};
+use crate::transport::sock_diag::Diag;
 use crate::transport::tcp_info::tcp_info;
 
 /// One reading of a channel, or of one subflow of an MPTCP channel.
@@ -87,6 +89,9 @@ pub(super) struct Rows {
     caps: Vec<Option<u64>>,
     /// The most subflows each channel had at once.
     peak: Vec<usize>,
+    /// Reads subflows' congestion controls: opened at the first subflow; `Some(None)` when
+    /// it could not be.
+    diag: Option<Option<Diag>>,
 }
 
 impl Rows {
@@ -125,7 +130,9 @@ impl Rows {
                             let Some(Some(base)) = setups.get(r.channel) else {
                                 continue;
                             };
+                            let cc = self.subflow_cc(&sf);
                             telemetry.set_setup(ChannelSetup {
+                                cc: cc.unwrap_or_else(|| base.cc.clone()),
                                 index: i as u16,
                                 pace_bps: sf.max_pacing_rate.map(|b| b * 8),
                                 started_s: match i == r.channel {
@@ -153,6 +160,34 @@ impl Rows {
             rows[i] = Some(r);
         }
         rows
+    }
+
+    /// Records in each of `channel`'s subflow rows the congestion control the kernel reports
+    /// for that subflow; false when it has no subflow rows or they cannot be read.
+    pub(super) fn record_cc(&mut self, channel: usize, telemetry: &Telemetry) -> bool {
+        let mut read = false;
+        for i in self.rows_of(channel) {
+            let Some(Some((_, local, remote))) = self.held.get(i).copied() else {
+                continue;
+            };
+            let Some(Some(diag)) = self.diag.as_mut() else {
+                return false;
+            };
+            if let Ok(Some(name)) = diag.congestion(local, remote) {
+                telemetry.set_cc(i, name);
+                read = true;
+            }
+        }
+        read
+    }
+
+    /// The congestion control the kernel reports for subflow `sf`, if it can be read.
+    fn subflow_cc(&mut self, sf: &Subflow) -> Option<String> {
+        let diag = self
+            .diag
+            .get_or_insert_with(|| Diag::open().ok())
+            .as_mut()?;
+        diag.congestion(sf.local, sf.remote).ok().flatten()
     }
 
     /// The rows of channel `channel`: its own, and its subflows' once placed.

@@ -5,6 +5,7 @@ pub mod buffers;
 pub mod cc;
 pub mod mptcp;
 pub mod route;
+pub mod sock_diag;
 pub mod subflow_pacing;
 pub mod tcp;
 pub mod tcp_info;

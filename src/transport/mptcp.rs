@@ -404,6 +404,12 @@ mod tests {
             "{sf:?}"
         );
         assert!(subflow_info(&c).is_err());
+        // The subflow has no descriptor; sock_diag finds it by its addresses, and it runs
+        // the congestion control set on the connection's socket.
+        super::super::cc::set_congestion(&m, "reno").unwrap();
+        let mut diag = super::super::sock_diag::Diag::open().unwrap();
+        let cc = diag.congestion(sf[0].local, sf[0].remote).unwrap();
+        assert_eq!(cc.as_deref(), Some("reno"));
         // Each end names the connection by a token of its own (from its own key).
         assert!(token(&m).is_some_and(|t| t != 0) && token(&accepted).is_some_and(|t| t != 0));
         assert_eq!(token(&c), None);
