@@ -4,9 +4,11 @@
 # (--rate, caps at 0.97 of it) and unpaced (--pace off), alternated TCP/MPTCP run by run.
 # Reports goodput, its share of the goodput ceiling, retransmissions and the CPU seconds per
 # GB of client and server. The in-kernel path manager gives a connection at most 9 subflows,
-# so larger counts run 9 (the `subflows` column says what ran).
+# so larger counts run 9 (the `subflows` column says what ran), unless --userspace-pm starts
+# the server with `--mptcp-pm userspace` (then use only counts above 9: clients with fewer
+# wait for announced ports, which that server does not make).
 #
-#   bench/mptcp.sh lab [--runs R] [--time SECS] [--counts "1 4 8 16"] [--rate 1G] [--rtt 60ms] [--buffer 64]
+#   bench/mptcp.sh lab [--runs R] [--time SECS] [--counts "1 4 8 16"] [--rate 1G] [--rtt 60ms] [--buffer 64] [--userspace-pm]
 #       builds `hsxfer lab up --name hsxmp ...` (root), serves on its receiver, runs the
 #       clients on sender1, and removes the lab at the end.
 #   bench/mptcp.sh loopback [--runs R] [--time SECS] [--counts "1 4 8"]
@@ -16,8 +18,8 @@
 set -euo pipefail
 export LC_ALL=C
 WHERE=${1:-}
-case "$WHERE" in lab|loopback) shift ;; -h|--help|*) sed -n 2,15p "$0"; exit 0 ;; esac
-RUNS=1; TIME=20; RATE=1G; RTT=60ms; BUFFER=64
+case "$WHERE" in lab|loopback) shift ;; -h|--help|*) sed -n 2,18p "$0"; exit 0 ;; esac
+RUNS=1; TIME=20; RATE=1G; RTT=60ms; BUFFER=64; SERVE_PM=()
 COUNTS="1 4 8 16"; [ "$WHERE" = loopback ] && { COUNTS="1 4 8"; TIME=5; }
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -27,6 +29,7 @@ while [ $# -gt 0 ]; do
         --rate) RATE=${2:?}; shift 2 ;;
         --rtt) RTT=${2:?}; shift 2 ;;
         --buffer) BUFFER=${2:?}; shift 2 ;;
+        --userspace-pm) SERVE_PM=(--mptcp-pm userspace); shift ;;
         *) echo "mptcp.sh: unknown argument $1" >&2; exit 1 ;;
     esac
 done
@@ -67,13 +70,13 @@ else
     on_server=(); on_client=()
     PACINGS="unpaced"; CCS="cubic"; CEILING=0
 fi
-"${on_server[@]}" "$HSXFER" serve --mptcp --root "$WORK/root" --listen "$HOST" --port "$PORT" "${AUTH[@]}" \
+"${on_server[@]}" "$HSXFER" serve --mptcp "${SERVE_PM[@]}" --root "$WORK/root" --listen "$HOST" --port "$PORT" "${AUTH[@]}" \
     2>"$WORK/serve.log" &
 SERVER=$!
 for _ in $(seq 200); do grep -q serving "$WORK/serve.log" && break; sleep 0.05; done
 grep -q serving "$WORK/serve.log" || { cat "$WORK/serve.log" >&2; exit 1; }
 # The server runs under `ip netns exec` in the lab: find the hsxfer process itself.
-SERVER_PID=$(pgrep -f -n -- "serve --mptcp --root $WORK/root") || SERVER_PID=$SERVER
+SERVER_PID=$(pgrep -f -n -- "--root $WORK/root") || SERVER_PID=$SERVER
 
 cpu_s() { # utime + stime of a process, in seconds
     awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$1/stat"

@@ -693,3 +693,77 @@ fn mptcp_subflows_take_a_second_path_when_the_host_has_one() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(ip(&["endpoint", "show"]).trim().is_empty());
 }
+
+#[test]
+fn more_than_nine_mptcp_subflows_with_the_userspace_path_manager() {
+    if !root_or_skip("more_than_nine_mptcp_subflows_with_the_userspace_path_manager") {
+        return;
+    }
+    let _g = lock();
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    hsxfer::session::token::new(&token).unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let net = Dumbbell::up(200, 100);
+    let pm_type = |host: &str| {
+        let out = net
+            .command(host, "cat")
+            .arg("/proc/sys/net/mptcp/pm_type")
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let bench = |n: &str| {
+        let args = [
+            "bench",
+            "--json",
+            "--port",
+            &PORT.to_string(),
+            "--token-file",
+            token.to_str().unwrap(),
+            "--mptcp",
+            "-n",
+            n,
+            "--time",
+            "3",
+            "--tune",
+            "off",
+            "--pace",
+            "off",
+            RECEIVER,
+        ];
+        let s = events(net.client(&args));
+        summary(&s).clone()
+    };
+    // A server with the kernel's path manager takes 9 subflows: the client says so, and
+    // its rows are the 9 that joined.
+    let server = net.serve_with(&root, &token, PORT, &["--mptcp"]);
+    let s = bench("16");
+    assert_eq!(s["subflows"], 9, "{s}");
+    assert_eq!(s["channels"].as_array().unwrap().len(), 9, "{s}");
+    assert!(
+        s["tuning"]["notes"]
+            .to_string()
+            .contains("9 of 16 MPTCP subflows"),
+        "{s}"
+    );
+    server.terminate();
+    // With the userspace one on both ends, the client opens 16 from one address to the
+    // server's port, and each carries data.
+    let server = net.serve_with(&root, &token, PORT, &["--mptcp", "--mptcp-pm", "userspace"]);
+    assert_eq!(pm_type("d"), "1");
+    let s = bench("16");
+    assert_eq!(s["transport"], "mptcp", "{s}");
+    assert_eq!(s["subflows"], 16, "{s}");
+    let rows = s["channels"].as_array().unwrap();
+    assert_eq!(rows.len(), 16, "{s}");
+    for c in rows {
+        assert_eq!(c["remote"], format!("{RECEIVER}:{PORT}"), "{c}");
+        assert!(c["bytes"].as_u64().unwrap() > 0, "{c}");
+    }
+    // Each end's namespace selects the in-kernel path manager again afterwards.
+    assert_eq!(pm_type("s"), "0");
+    server.terminate();
+    assert_eq!(pm_type("d"), "0");
+}

@@ -25,6 +25,7 @@ use hsxfer::channels::oneshot::Announcement;
 use hsxfer::probe::{Direction as ProfileDirection, Fixed};
 use hsxfer::session::secure::{Security, Trust};
 use hsxfer::session::ssh::{OneShot, SshLaunch};
+use hsxfer::transport::mptcp_pm::PathManagerKind;
 use hsxfer::transport::tls::{Fingerprint, ServerIdentity, ServerTls};
 use hsxfer::tuning::bdp::BufferChoice;
 use hsxfer::tuning::desync::{PaceChoice, StaggerChoice};
@@ -195,6 +196,13 @@ struct ServeArgs {
     /// --port are announced to clients for extra subflows (removed again at exit).
     #[arg(long)]
     mptcp: bool,
+    /// With --mptcp, the path manager of its connections: kernel (the 8 announced ports) or
+    /// userspace (as root: clients open their own subflows, as many as they ask for, up to
+    /// 32 for hsxfer clients run as root with -n above 9; clients that wait for announced
+    /// ports get one). The namespace's choice (net.mptcp.pm_type) is put back at exit.
+    #[arg(long, value_name = "kernel|userspace", default_value = "kernel",
+          value_parser = <PathManagerKind as std::str::FromStr>::from_str, requires = "mptcp")]
+    mptcp_pm: PathManagerKind,
     /// The server's TLS key, made there on first start (default:
     /// ~/.config/hsxfer/server-key.pem). Its fingerprint is printed at start.
     #[arg(long, value_name = "FILE", conflicts_with = "stdio")]
@@ -591,6 +599,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<bool> {
             ..ServerLimits::default()
         },
         mptcp: a.mptcp,
+        mptcp_pm: a.mptcp_pm,
     })
     .await?;
     tracing::info!("serving {} on {}", root.display(), server.local_addr());

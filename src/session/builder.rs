@@ -11,6 +11,7 @@ use super::mptcp_paths::MptcpPaths;
 use super::server::{Server, ServerConfig};
 use super::{token, Auth, DEFAULT_PORT};
 use crate::error::Result;
+use crate::transport::mptcp_pm::PathManagerKind;
 use crate::transport::tls::{ServerIdentity, ServerTls};
 
 /// Builds a [`Client`]; see [`Client::builder`].
@@ -128,6 +129,7 @@ pub struct ServerBuilder {
     token_file: Option<PathBuf>,
     limits: ServerLimits,
     mptcp: bool,
+    mptcp_pm: PathManagerKind,
     key_file: Option<PathBuf>,
     identity: Option<Arc<ServerIdentity>>,
     allow_clear: bool,
@@ -160,6 +162,7 @@ impl Server {
             token_file: None,
             limits: ServerLimits::default(),
             mptcp: false,
+            mptcp_pm: PathManagerKind::Kernel,
             key_file: None,
             identity: None,
             allow_clear: false,
@@ -195,6 +198,14 @@ impl ServerBuilder {
     /// Listens with Multipath TCP (plain TCP clients are still served).
     pub fn mptcp(mut self, on: bool) -> Self {
         self.mptcp = on;
+        self
+    }
+
+    /// With MPTCP, the path manager the server's connections run: the in-kernel one (the
+    /// default: it announces 8 extra ports) or the userspace one, which takes as many
+    /// subflows as clients open (root only; see [`PathManagerKind`]).
+    pub fn mptcp_pm(mut self, kind: PathManagerKind) -> Self {
+        self.mptcp_pm = kind;
         self
     }
 
@@ -237,6 +248,7 @@ impl ServerBuilder {
             faults: Default::default(),
             limits: self.limits,
             mptcp: self.mptcp,
+            mptcp_pm: self.mptcp_pm,
         })
         .await
     }

@@ -35,7 +35,7 @@ use crate::error::{Error, Result};
 use crate::fsio::dest::Destination;
 use crate::fsio::root::Scope;
 use crate::fsio::source::SourceTree;
-use crate::transport::mptcp;
+use crate::transport::mptcp::{self, MAX_EXTRA_SUBFLOWS};
 use crate::transport::route;
 use crate::transport::subflow_pacing;
 use crate::transport::tcp_info::tcp_info;
@@ -595,9 +595,10 @@ impl Client {
             None
         };
         let mut plan = local_plan(&tuning, side, n, "client", tuner.as_ref())?;
-        plan.options
-            .iter_mut()
-            .for_each(|o| o.mptcp = self.opts.mptcp);
+        plan.options.iter_mut().for_each(|o| {
+            o.mptcp = self.opts.mptcp;
+            o.userspace_pm = pm.userspace();
+        });
         if self.opts.mptcp && self.opts.pace == PaceChoice::Auto {
             let why = match (subflow_pacing::available(), goodput, metered) {
                 (false, _, _) => Some(
@@ -673,9 +674,23 @@ impl Client {
         channels.sort_by_key(|c| c.0);
         let channels: Vec<Stream> = channels.into_iter().map(|c| c.1).collect();
         let transport = self.transport_of(&channels, &mut report.notes);
+        let mut pm = pm;
+        pm.open_subflows(&channels[0], addr, &mut report.notes);
         report.notes.extend(mptcp_notes);
         let subflows = match transport {
-            Transport::Mptcp => Some(wait_for_subflows(&channels, pm.subflows, rtt).await),
+            Transport::Mptcp => {
+                let joined = wait_for_subflows(&channels, pm.subflows, rtt).await;
+                if pm.userspace() && joined < pm.subflows {
+                    report.notes.push(format!(
+                        "client: {joined} of {} MPTCP subflows joined: a server with the \
+                         kernel's path manager takes at most {}; start it with the userspace \
+                         one for more",
+                        pm.subflows,
+                        MAX_EXTRA_SUBFLOWS + 1
+                    ));
+                }
+                Some(joined)
+            }
             Transport::Tcp => None,
         };
         if we_send {

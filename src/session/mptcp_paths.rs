@@ -1,15 +1,20 @@
 //! A client's MPTCP set-up before its data connection: which of this host's addresses the
 //! connection opens subflows from (several paths, when the host has several uplinks toward
-//! the server), and the path manager's limits and endpoints that give it its subflows. What
-//! is set is the host's (its network namespace's), so it needs root and is put back after the
-//! transfer.
+//! the server), and the path manager's limits and endpoints that give it its subflows, or,
+//! for more subflows than the in-kernel manager allows, the userspace path manager that opens
+//! them one by one. What is set is the host's (its network namespace's), so it needs root and
+//! is put back after the transfer.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use crate::error::{Error, Result};
 use crate::transport::cc::privileged;
-use crate::transport::mptcp::{Limits, LimitsSet, PathEndpoints, MAX_EXTRA_SUBFLOWS};
+use crate::transport::mptcp::{self, Limits, LimitsSet, PathEndpoints, MAX_EXTRA_SUBFLOWS};
+use crate::transport::mptcp_pm::PmSocket;
 use crate::transport::route::{self, Egress};
+
+/// The most subflows hsxfer asks the userspace path manager for.
+pub const MAX_USERSPACE_SUBFLOWS: u16 = 32;
 
 /// Which of this host's addresses an MPTCP connection opens subflows from.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -80,6 +85,9 @@ pub struct PathManager {
     pub paths: Vec<Egress>,
     /// Subflows the connection is expected to have, the first included.
     pub subflows: u16,
+    /// With more subflows than the in-kernel path manager gives, the userspace one's socket,
+    /// which asks for them ([`PathManager::open_subflows`]).
+    userspace: Option<PmSocket>,
     _endpoints: Option<PathEndpoints>,
     _limits: Option<LimitsSet>,
 }
@@ -90,6 +98,7 @@ impl PathManager {
         PathManager {
             paths: Vec::new(),
             subflows: channels,
+            userspace: None,
             _endpoints: None,
             _limits: None,
         }
@@ -108,6 +117,28 @@ impl PathManager {
     ) -> Result<PathManager> {
         let root = privileged();
         let mut paths = find_paths(server, wanted, root, notes)?;
+        if paths.len() <= 1 && channels > MAX_EXTRA_SUBFLOWS + 1 {
+            match (root, PmSocket::open()) {
+                (true, Ok(pm)) => {
+                    return Ok(PathManager {
+                        paths: Vec::new(),
+                        subflows: channels.min(MAX_USERSPACE_SUBFLOWS),
+                        userspace: Some(pm),
+                        _endpoints: None,
+                        _limits: None,
+                    })
+                }
+                (true, Err(e)) => notes.push(format!(
+                    "client: no userspace MPTCP path manager for more than {} subflows: {e}",
+                    MAX_EXTRA_SUBFLOWS + 1
+                )),
+                (false, _) => notes.push(format!(
+                    "client: more than {} MPTCP subflows need the userspace path manager, \
+                     which needs root",
+                    MAX_EXTRA_SUBFLOWS + 1
+                )),
+            }
+        }
         // Paths other than the kernel's choice only exist as root (see find_paths).
         let mut endpoints = None;
         if paths.len() > 1 {
@@ -142,6 +173,7 @@ impl PathManager {
         let mut set = PathManager {
             paths,
             subflows: 1 + extra as u16,
+            userspace: None,
             _endpoints: endpoints,
             _limits: None,
         };
@@ -165,6 +197,41 @@ impl PathManager {
             }
         }
         Ok(set)
+    }
+
+    /// Whether the connection runs the userspace path manager: its socket must be made while
+    /// the namespace selects it, and its subflows are asked for once it is connected.
+    pub fn userspace(&self) -> bool {
+        self.userspace.is_some()
+    }
+
+    /// With the userspace path manager, asks for the connection on `sock` (connected to
+    /// `server`) to have [`PathManager::subflows`] subflows from its own address; a note
+    /// says what failed. The server must run the userspace path manager too to take more
+    /// than 9.
+    pub fn open_subflows(
+        &mut self,
+        sock: &impl std::os::fd::AsFd,
+        server: SocketAddr,
+        notes: &mut Vec<String>,
+    ) {
+        let Some(pm) = self.userspace.as_mut() else {
+            return;
+        };
+        let local = socket2::SockRef::from(sock)
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_socket());
+        let (Some(token), Some(local)) = (mptcp::token(sock), local) else {
+            notes.push("client: the connection runs as TCP: no subflows to open".into());
+            return;
+        };
+        for _ in 1..self.subflows {
+            if let Err(e) = pm.create_subflow(token, local.ip(), server) {
+                notes.push(format!("client: opening MPTCP subflows: {e}"));
+                return;
+            }
+        }
     }
 
     /// Whether the subflows run over several paths.

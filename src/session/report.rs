@@ -289,8 +289,15 @@ impl TransferReport {
         let losses = live.telemetry.losses();
         // With MPTCP the engine counts the connection's payload on its one channel, and the
         // rows are the connection's subflows.
+        // Rows no subflow took (fewer joined than were asked for) are left out.
         let per = match setups.iter().flatten().any(|s| s.local.is_some()) {
-            true => share_by_acked(bytes, &latest),
+            true => {
+                let used = setups
+                    .iter()
+                    .rposition(Option::is_some)
+                    .map_or(1, |i| i + 1);
+                share_by_acked(bytes, &latest[..used.min(latest.len())])
+            }
             false => per,
         };
         let goodputs: Vec<f64> = per.iter().map(|b| *b as f64 * 8.0 / seconds).collect();

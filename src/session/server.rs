@@ -36,7 +36,9 @@ use crate::fsio::dest::Destination;
 use crate::fsio::root::Scope;
 use crate::fsio::source::SourceTree;
 use crate::session::client::bench_limit;
+use crate::session::mptcp_paths::MAX_USERSPACE_SUBFLOWS;
 use crate::transport::mptcp::{self, SignalEndpoints, MAX_EXTRA_SUBFLOWS};
+use crate::transport::mptcp_pm::{EventListener, PathManagerKind, UserspacePm};
 use crate::transport::subflow_pacing;
 use crate::transport::tls::{ServerTls, Stream};
 use crate::transport::{self, SocketOptions};
@@ -63,6 +65,8 @@ pub struct ServerConfig {
     /// Listen with Multipath TCP, so MPTCP clients get MPTCP channels (plain TCP clients are
     /// served as before).
     pub mptcp: bool,
+    /// With `mptcp`, the path manager its connections run (root only for the userspace one).
+    pub mptcp_pm: PathManagerKind,
     /// TLS: the server's key, and whether clients may ask for clear text.
     pub tls: ServerTls,
 }
@@ -141,8 +145,8 @@ impl Drop for TransferSession<'_> {
 pub struct Server {
     listener: TcpListener,
     state: Arc<State>,
-    /// Extra ports the path manager announces to MPTCP clients; removed with the server.
-    _subflow_ports: Option<SignalEndpoints>,
+    /// What the MPTCP path manager does for this server; undone with the server.
+    _path_manager: ServerPm,
 }
 
 impl Server {
@@ -159,17 +163,19 @@ impl Server {
             .map_err(Error::io(format!("server root {}", cfg.root.display())))?;
         let listener = transport::listen(cfg.listen, cfg.mptcp)
             .map_err(Error::io(format!("listening on {}", cfg.listen)))?;
-        let subflow_ports = match cfg.mptcp {
-            true => subflow_ports(
+        let path_manager = match (cfg.mptcp, cfg.mptcp_pm) {
+            (false, _) => ServerPm::None,
+            (true, PathManagerKind::Kernel) => subflow_ports(
                 listener
                     .local_addr()
                     .map_err(Error::io("the bound address"))?,
-            ),
-            false => None,
+            )
+            .map_or(ServerPm::None, |e| ServerPm::Announced { _endpoints: e }),
+            (true, PathManagerKind::Userspace) => userspace_pm()?,
         };
         Ok(Server {
             listener,
-            _subflow_ports: subflow_ports,
+            _path_manager: path_manager,
             state: Arc::new(State {
                 scope,
                 key: cfg.auth.key(),
@@ -236,6 +242,44 @@ impl Server {
             });
         }
     }
+}
+
+/// What the MPTCP path manager does for a server.
+#[derive(Debug)]
+enum ServerPm {
+    /// Nothing: no MPTCP, or no root to set anything.
+    None,
+    /// The in-kernel manager announces extra ports.
+    Announced { _endpoints: SignalEndpoints },
+    /// The namespace selects the userspace manager, and its events have a listener, so the
+    /// connections accept the subflows clients open.
+    Userspace {
+        _selected: UserspacePm,
+        _listener: EventListener,
+    },
+}
+
+/// Selects the userspace path manager for the connections the server accepts (root only).
+fn userspace_pm() -> Result<ServerPm> {
+    if !transport::cc::privileged() {
+        return Err(Error::Usage(
+            "the userspace MPTCP path manager needs root: it is the host's (its network \
+             namespace's)"
+                .into(),
+        ));
+    }
+    let fail = |e: std::io::Error| Error::Usage(format!("no userspace MPTCP path manager: {e}"));
+    let listener = EventListener::subscribe().map_err(fail)?;
+    let selected = UserspacePm::select().map_err(fail)?;
+    tracing::info!(
+        "MPTCP connections run the userspace path manager: clients open their own subflows \
+         (hsxfer clients as root, up to {MAX_USERSPACE_SUBFLOWS}); clients that wait for \
+         announced ports get one"
+    );
+    Ok(ServerPm::Userspace {
+        _selected: selected,
+        _listener: listener,
+    })
 }
 
 /// Announces the ports after the server's own to MPTCP clients, so that each of their

@@ -42,7 +42,7 @@ impl Watched {
 
 /// Reads every socket: a TCP channel gives one reading, an MPTCP connection one per
 /// connected subflow (a subflow being closed is disconnected first, which clears its
-/// addresses and counters: it gives none).
+/// addresses and counters: it gives none; one still opening, or refused, gives none either).
 pub(super) fn read_sockets(sockets: &[Option<Watched>]) -> Vec<Row> {
     let mut rows = Vec::with_capacity(sockets.len());
     for (channel, w) in sockets.iter().enumerate() {
@@ -56,7 +56,7 @@ pub(super) fn read_sockets(sockets: &[Option<Watched>]) -> Vec<Row> {
                 rows.extend(
                     subflows
                         .iter()
-                        .filter(|sf| sf.remote.port() != 0)
+                        .filter(|sf| sf.remote.port() != 0 && sf.connected)
                         .map(|sf| Row {
                             channel,
                             tcp: sf.tcp,
@@ -359,6 +359,7 @@ mod placement {
                 remote: format!("10.0.0.2:{port}").parse().unwrap(),
                 tcp: TcpSample::default(),
                 max_pacing_rate: Some(cap),
+                connected: true,
             }),
         }
     }

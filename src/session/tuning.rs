@@ -191,8 +191,9 @@ pub fn local_plan(
                 .clone()
                 .filter(|_| side == Side::Send && t.cc_of(i) == Some("dmctcp"))
                 .map(|g| Tag(g)),
-            // The client's choice, set by the client: a server only accepts.
+            // The client's choices, set by the client: a server only accepts.
             mptcp: false,
+            userspace_pm: false,
         })
         .collect();
     Ok(LocalPlan {

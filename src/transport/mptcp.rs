@@ -24,16 +24,31 @@ const MPTCP_TCPINFO: libc::c_int = 2;
 const MPTCP_SUBFLOW_ADDRS: libc::c_int = 3;
 /// Most subflows read: the userspace path manager's 32 extra ones and the first, with room.
 const MAX_SUBFLOWS_READ: usize = 64;
+/// `TCP_ESTABLISHED` (`tcpi_state`).
+const TCP_ESTABLISHED: u8 = 1;
+/// `TCP_SYN_SENT`, `TCP_SYN_RECV`, `TCP_CLOSE`: a subflow that carries nothing yet or any more.
+const OPENING_OR_CLOSED: [u8; 3] = [2, 3, 7];
 /// `SO_MAX_PACING_RATE` at or above this caps nothing: `~0` from user space, and the
 /// largest value [`super::subflow_pacing`] sets (its helper takes 32 bits).
 const UNCAPPED_FROM: u64 = 0xffff_fffe;
 
-/// The number of subflows of the MPTCP connection on `sock` (the first one included), or
-/// `None` when the connection runs as plain TCP: a TCP socket, or an MPTCP socket that fell
-/// back (the kernel then refuses `MPTCP_INFO`).
+/// The number of established subflows of the MPTCP connection on `sock` (the first one
+/// included), or `None` when the connection runs as plain TCP: a TCP socket, or an MPTCP
+/// socket that fell back (the kernel then refuses `MPTCP_INFO`). The path manager's own count
+/// (`MPTCP_INFO`) also counts subflows still being opened, and with the userspace manager ones
+/// the peer then refused; it is the answer only where the subflows cannot be read.
 pub fn subflows(sock: &impl AsFd) -> Option<u16> {
     // The head of struct mptcp_info: its first byte counts the subflows beyond the first.
-    mptcp_info(sock).map(|info| 1 + info[0] as u16)
+    let counted = mptcp_info(sock).map(|info| 1 + info[0] as u16)?;
+    let established = subflow_array::<libc::tcp_info>(sock, MPTCP_TCPINFO)
+        .map(|infos| {
+            infos
+                .iter()
+                .filter(|t| t.tcpi_state == TCP_ESTABLISHED)
+                .count() as u16
+        })
+        .unwrap_or(counted);
+    Some(established)
 }
 
 /// The token of the MPTCP connection on `sock` (what the kernel and the peer name it by),
@@ -77,6 +92,8 @@ pub struct Subflow {
     pub tcp: TcpSample,
     /// Its pacing cap (`SO_MAX_PACING_RATE`), bytes/s; `None` when uncapped.
     pub max_pacing_rate: Option<u64>,
+    /// Whether it is connected: not still opening (or refused by the peer) or closed.
+    pub connected: bool,
 }
 
 /// The subflows of the MPTCP connection on `sock`, in the kernel's order (the first
@@ -102,6 +119,7 @@ pub fn subflow_info(sock: &impl AsFd) -> io::Result<Vec<Subflow>> {
                 remote: sockaddr(&a[128..]).ok_or_else(bad)?,
                 tcp: sample_of(ti),
                 max_pacing_rate: Some(ti.tcpi_max_pacing_rate).filter(|r| *r < UNCAPPED_FROM),
+                connected: !OPENING_OR_CLOSED.contains(&ti.tcpi_state),
             })
         })
         .collect()

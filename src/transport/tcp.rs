@@ -55,6 +55,9 @@ pub struct SocketOptions {
     /// Connect with Multipath TCP (`IPPROTO_MPTCP`); the connection falls back to TCP by
     /// itself when the server does not speak it, and a host without MPTCP gets a TCP socket.
     pub mptcp: bool,
+    /// With `mptcp`, make the socket while the namespace selects the userspace path manager,
+    /// so that its subflows are the ones asked for ([`super::mptcp_pm`]; root only).
+    pub userspace_pm: bool,
 }
 
 impl SocketOptions {
@@ -106,7 +109,12 @@ pub fn listen(addr: SocketAddr, mptcp: bool) -> io::Result<TcpListener> {
 /// Connects to `addr` with `opts` and [`keep_alive`] applied before the SYN.
 pub async fn connect(addr: SocketAddr, opts: &SocketOptions) -> io::Result<TcpStream> {
     let domain = Domain::for_address(addr);
-    let sock = match Socket::new(domain, Type::STREAM, Some(protocol(opts.mptcp))) {
+    let make = || Socket::new(domain, Type::STREAM, Some(protocol(opts.mptcp)));
+    let made = match opts.mptcp && opts.userspace_pm {
+        true => super::mptcp_pm::with_userspace_pm(make)?,
+        false => make(),
+    };
+    let sock = match made {
         // A host with MPTCP turned off: the connection runs as TCP, as a fallback would.
         Err(_) if opts.mptcp => Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?,
         s => s?,

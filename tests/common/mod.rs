@@ -87,6 +87,7 @@ pub fn config(root: &Path, auth: Auth, faults: FaultInjection, allow_clear: bool
         faults,
         limits: ServerLimits::default(),
         mptcp: false,
+        mptcp_pm: Default::default(),
         tls: server_tls(allow_clear),
     }
 }

@@ -343,6 +343,16 @@ impl Drop for Dumbbell {
 /// A server process, killed on drop.
 pub struct ServerProc(Child);
 
+impl ServerProc {
+    /// Stops the server as an operator would (SIGTERM), so that it puts back what it set,
+    /// and waits for it.
+    pub fn terminate(mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let _ = self.0.wait();
+    }
+}
+
 impl Drop for ServerProc {
     fn drop(&mut self) {
         let _ = self.0.kill();
