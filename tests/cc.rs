@@ -378,27 +378,23 @@ fn dmctcp_cuts_only_the_largest_once_per_rtt_and_desynchronizes() {
         "at most one cut per RTT: {group:?}"
     );
 
-    // From the TCP_INFO trace: every cut is on the channel with the largest window and
-    // follows the previous cut by at least one RTT (less one sampling period).
-    let reds = reductions(&d.trace, m as usize);
-    let cut: Vec<&Reduction> = reds.iter().filter(|r| r.is_cut(0.75)).collect();
-    assert!(cut.len() >= 3, "cuts seen in the trace: {reds:?}");
-    for pair in cut.windows(2) {
-        assert!(
-            pair[1].at - pair[0].at >= rtt - 0.011,
-            "two cuts within one RTT: {pair:?}"
-        );
-    }
-    for c in &cut {
-        let others_max = latest_before(&d, c.at - 0.011, c.channel);
-        assert!(
-            c.cwnd_before as f64 >= 0.9 * others_max - 2.0,
-            "cut on channel {} at {:.2} s with cwnd {} while another had {others_max}",
-            c.channel,
-            c.at,
-            c.cwnd_before
-        );
-    }
+    cuts_once_per_rtt_on_the_largest(&d, m as usize, rtt);
+
+    // The subflows of one MPTCP connection form the group by themselves (no tag), and the
+    // same rules hold over them (the lab's server listens with MPTCP too).
+    let sub = lab
+        .run_flow(&FlowSpec {
+            extra: vec!["--mptcp".into()],
+            ..FlowSpec::new("dmctcp", m, 12.0)
+        })
+        .unwrap();
+    assert_eq!(sub.summary.subflows, Some(m), "{:?}", sub.summary);
+    let group = sub
+        .summary
+        .dmctcp
+        .expect("the summary has the subflows' group");
+    assert_eq!(group.channels, u32::from(m), "{group:?}");
+    cuts_once_per_rtt_on_the_largest(&sub, m as usize, rtt);
 
     // Expr. 4.2 on the congestion controls' cuts: DMCTCP's are less synchronized.
     let sync_of = |r: &FlowResult| {
@@ -418,6 +414,31 @@ fn dmctcp_cuts_only_the_largest_once_per_rtt_and_desynchronizes() {
         dmc < reno && dmc < cubic,
         "dmctcp {dmc:.3} must be below reno {reno:.3} and cubic {cubic:.3}"
     );
+}
+
+/// From the 10 ms `TCP_INFO` trace of `r`'s `m` channels (or subflows): at least 3 cuts, each
+/// on the channel with the largest window and at least one RTT (less one sampling period)
+/// after the previous one.
+fn cuts_once_per_rtt_on_the_largest(r: &FlowResult, m: usize, rtt: f64) {
+    let reds = reductions(&r.trace, m);
+    let cut: Vec<&Reduction> = reds.iter().filter(|x| x.is_cut(0.75)).collect();
+    assert!(cut.len() >= 3, "cuts seen in the trace: {reds:?}");
+    for pair in cut.windows(2) {
+        assert!(
+            pair[1].at - pair[0].at >= rtt - 0.011,
+            "two cuts within one RTT: {pair:?}"
+        );
+    }
+    for c in &cut {
+        let others_max = latest_before(r, c.at - 0.011, c.channel);
+        assert!(
+            c.cwnd_before as f64 >= 0.9 * others_max - 2.0,
+            "cut on channel {} at {:.2} s with cwnd {} while another had {others_max}",
+            c.channel,
+            c.at,
+            c.cwnd_before
+        );
+    }
 }
 
 /// The largest cwnd of the channels other than `channel` in their last samples before `t`.

@@ -585,7 +585,8 @@ impl Lab {
         let data = self.dir.join("data");
         fs::create_dir_all(&data).map_err(LabError::io("creating the server's root"))?;
         let mut c = self.hsxfer(Host::Receiver);
-        c.arg("serve")
+        // With MPTCP as well (TCP clients are served as before), so `--mptcp` flows work.
+        c.args(["serve", "--mptcp"])
             .arg("--root")
             .arg(&data)
             .args(["--listen", &Host::Receiver.addr().to_string()])
