@@ -48,6 +48,45 @@ const JOURNAL_WITH_ONE_RECORD: u64 = 28 + 44;
 
 #[test]
 fn killed_server_then_rerun_resumes_without_resending_finished_blocks() {
+    resumes_after_the_server_was_killed(None, &[]);
+}
+
+/// The same over one MPTCP connection: resuming and verifying do not depend on the transport.
+/// In a namespace of its own, since the killed server cannot remove the ports it announced.
+#[test]
+fn killed_mptcp_server_then_rerun_resumes_too() {
+    if !common::netns::root_or_skip("killed_mptcp_server_then_rerun_resumes_too") {
+        return;
+    }
+    let ns = common::netns::LoopbackNs::up();
+    resumes_after_the_server_was_killed(Some(&ns), &["--mptcp"]);
+}
+
+/// A copy whose server is killed after the first block is committed fails, names resuming,
+/// and leaves no file under the final name; rerun, it sends only what was missing. Server and
+/// copies run in `ns` (or here), with `transport` (e.g. `--mptcp`).
+fn resumes_after_the_server_was_killed(ns: Option<&common::netns::LoopbackNs>, transport: &[&str]) {
+    let run = |program: &str| match ns {
+        Some(ns) => ns.command(program),
+        None => {
+            common::isolate_profiles();
+            Command::new(program)
+        }
+    };
+    let serve = |root: &Path, port: u16| {
+        let child = run(BIN)
+            .args(["serve", "--no-auth", "--port", &port.to_string(), "--root"])
+            .arg(root)
+            .args(transport)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        match ns {
+            Some(ns) => ns.wait_listening(port),
+            None => wait_listening(port),
+        }
+        ServerProc(child)
+    };
     let src = tempfile::tempdir().unwrap();
     let root = tempfile::tempdir().unwrap();
     let size: u64 = 300 << 20;
@@ -57,7 +96,7 @@ fn killed_server_then_rerun_resumes_without_resending_finished_blocks() {
     let server = serve(root.path(), port);
     let p = port.to_string();
     let file = src.path().join("big");
-    let copy = Command::new(BIN)
+    let copy = run(BIN)
         .args([
             "copy",
             "-n",
@@ -68,6 +107,7 @@ fn killed_server_then_rerun_resumes_without_resending_finished_blocks() {
             "--port",
             &p,
         ])
+        .args(transport)
         .arg(&file)
         .arg("127.0.0.1:big")
         .stdout(Stdio::null())
@@ -92,17 +132,13 @@ fn killed_server_then_rerun_resumes_without_resending_finished_blocks() {
     );
 
     let _server = serve(root.path(), port);
-    let out = hsxfer(&[
-        "copy",
-        "-n",
-        "4",
-        "--no-auth",
-        "--json",
-        "--port",
-        &p,
-        file.to_str().unwrap(),
-        "127.0.0.1:big",
-    ]);
+    let out = run(BIN)
+        .args(["copy", "-n", "4", "--no-auth", "--json", "--port", &p])
+        .args(transport)
+        .arg(&file)
+        .arg("127.0.0.1:big")
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -110,6 +146,11 @@ fn killed_server_then_rerun_resumes_without_resending_finished_blocks() {
     );
     let s = summary(&out);
     assert_eq!(s["verified"], true);
+    let expected = match transport.contains(&"--mptcp") {
+        true => "mptcp",
+        false => "tcp",
+    };
+    assert_eq!(s["transport"], expected, "{s}");
     let resumed = s["bytes_resumed"].as_u64().unwrap();
     let sent = s["bytes"].as_u64().unwrap();
     assert!(resumed > 0, "{s}");

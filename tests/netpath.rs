@@ -66,6 +66,23 @@ impl Path {
         events(self.net.client(&args))
     }
 
+    /// Asserts that the sender's MPTCP path manager has no endpoints and the limits it had
+    /// before hsxfer raised them (its namespace starts with none accepted).
+    fn sender_path_manager_is_as_before(&self) {
+        let ip = |args: &[&str]| {
+            let out = self
+                .net
+                .command("s", "ip")
+                .arg("mptcp")
+                .args(args)
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        assert!(ip(&["endpoint", "show"]).trim().is_empty());
+        assert!(ip(&["limits", "show"]).contains("add_addr_accepted 0"));
+    }
+
     /// Runs a bench, and `ss` in `host`'s namespace `after` it started; returns both.
     fn bench_with_ss(
         &self,
@@ -532,7 +549,32 @@ fn mptcp_subflows_are_paced_reported_and_grouped() {
         assert!(c["local"].as_str().is_some(), "{c}");
         assert_eq!(c["pace_bps"], 20_000_000, "{c}");
         assert!(c["bytes"].as_u64().unwrap() > 1 << 20, "{c}");
+        // Each subflow held its cap within 10 %.
+        let g = c["goodput_bps"].as_f64().unwrap();
+        assert!(
+            g <= 20e6 * 1.1,
+            "a subflow capped at 20 Mbit/s moved {g} bit/s: {c}"
+        );
     }
+    // A file over 4 subflows arrives identical, each subflow carrying part of it.
+    let src = p._dir.path().join("src.bin");
+    common::random_file(&src, 24 << 20, 7);
+    let args = p.bench_args(&["--mptcp", "-n", "4", src.to_str().unwrap()]);
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+    args[0] = "copy";
+    let dest = format!("{RECEIVER}:copied.bin");
+    *args.last_mut().unwrap() = &dest;
+    let copied = self::events(p.net.client(&args));
+    let s = summary(&copied);
+    assert_eq!(s["transport"], "mptcp", "{s}");
+    assert_eq!(s["subflows"], 4, "{s}");
+    for c in s["channels"].as_array().unwrap() {
+        assert!(c["bytes"].as_u64().unwrap() > 0, "{c}");
+    }
+    assert_eq!(
+        common::sha256(&src),
+        common::sha256(&p._dir.path().join("root").join("copied.bin"))
+    );
     // DMCTCP over the subflows, unpaced so that the queue overflows: they form one group in
     // the kernel by themselves (no tag), which cuts, and the summary reads its counters back
     // by the connection's token.
@@ -597,18 +639,7 @@ fn mptcp_subflows_are_paced_reported_and_grouped() {
         "{probe}"
     );
     // The sender's path-manager limits are back as they were, and it announced nothing.
-    let ip = |args: &[&str]| {
-        let out = p
-            .net
-            .command("s", "ip")
-            .arg("mptcp")
-            .args(args)
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    assert!(ip(&["endpoint", "show"]).trim().is_empty());
-    assert!(ip(&["limits", "show"]).contains("add_addr_accepted 0"));
+    p.sender_path_manager_is_as_before();
 }
 
 #[test]
@@ -656,18 +687,7 @@ fn mptcp_subflows_take_a_second_path_when_the_host_has_one() {
         "two paths of 100 and 60 Mbit/s moved {goodput} bit/s"
     );
     // The endpoints hsxfer added are gone, and the limits back as they were.
-    let ip = |args: &[&str]| {
-        let out = p
-            .net
-            .command("s", "ip")
-            .arg("mptcp")
-            .args(args)
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    assert!(ip(&["endpoint", "show"]).trim().is_empty());
-    assert!(ip(&["limits", "show"]).contains("add_addr_accepted 0"));
+    p.sender_path_manager_is_as_before();
     // Off: the kernel's choice only.
     let events = p.bench(&["--mptcp", "-n", "2", "--time", "2", "--mptcp-paths", "off"]);
     let s = summary(&events);
@@ -691,7 +711,7 @@ fn mptcp_subflows_take_a_second_path_when_the_host_has_one() {
         "{err}"
     );
     assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(ip(&["endpoint", "show"]).trim().is_empty());
+    p.sender_path_manager_is_as_before();
 }
 
 #[test]

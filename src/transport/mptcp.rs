@@ -269,7 +269,7 @@ pub const MAX_EXTRA_SUBFLOWS: u16 = 8;
 /// announcements opens a subflow to each. Removed, and the limits put back, when dropped.
 #[derive(Debug)]
 pub struct SignalEndpoints {
-    ids: Vec<String>,
+    _added: Added,
     _limits: LimitsSet,
 }
 
@@ -280,10 +280,7 @@ impl SignalEndpoints {
             subflows: count as u32,
             add_addr_accepted: 0,
         })?;
-        let mut added = SignalEndpoints {
-            ids: Vec::new(),
-            _limits: limits,
-        };
+        let mut added = Added(Vec::new());
         let a = addr.to_string();
         for p in (1..=count).map(|k| port as u32 + k as u32) {
             if p > u16::MAX as u32 {
@@ -296,17 +293,12 @@ impl SignalEndpoints {
             }
             let id = endpoint_id(&a, Some(&p))?
                 .ok_or_else(|| io::Error::other(format!("endpoint {a} port {p} not listed")))?;
-            added.ids.push(id);
+            added.0.push(id);
         }
-        Ok(added)
-    }
-}
-
-impl Drop for SignalEndpoints {
-    fn drop(&mut self) {
-        for id in &self.ids {
-            let _ = ip(&["endpoint", "delete", "id", id]);
-        }
+        Ok(SignalEndpoints {
+            _added: added,
+            _limits: limits,
+        })
     }
 }
 
@@ -318,13 +310,13 @@ impl Drop for SignalEndpoints {
 /// one that was there before is used as it is and kept.
 #[derive(Debug)]
 pub struct PathEndpoints {
-    ids: Vec<String>,
+    _added: Added,
 }
 
 impl PathEndpoints {
     /// Adds an endpoint for each `(address, interface)` that has none (root only).
     pub fn add(paths: &[(IpAddr, &str)]) -> io::Result<PathEndpoints> {
-        let mut added = PathEndpoints { ids: Vec::new() };
+        let mut added = Added(Vec::new());
         for (addr, dev) in paths {
             let a = addr.to_string();
             if endpoint_id(&a, None)?.is_some() {
@@ -333,15 +325,19 @@ impl PathEndpoints {
             ip(&["endpoint", "add", &a, "dev", dev, "subflow", "fullmesh"])?;
             let id = endpoint_id(&a, None)?
                 .ok_or_else(|| io::Error::other(format!("endpoint {a} not listed")))?;
-            added.ids.push(id);
+            added.0.push(id);
         }
-        Ok(added)
+        Ok(PathEndpoints { _added: added })
     }
 }
 
-impl Drop for PathEndpoints {
+/// The ids of endpoints this process added, deleted when dropped.
+#[derive(Debug)]
+struct Added(Vec<String>);
+
+impl Drop for Added {
     fn drop(&mut self) {
-        for id in &self.ids {
+        for id in &self.0 {
             let _ = ip(&["endpoint", "delete", "id", id]);
         }
     }

@@ -359,3 +359,55 @@ impl Drop for ServerProc {
         let _ = self.0.wait();
     }
 }
+
+/// A network namespace with only loopback up, removed on drop: for tests whose servers set
+/// the namespace's MPTCP path manager (announced ports, limits), which a killed server
+/// cannot put back.
+pub struct LoopbackNs(String);
+
+impl LoopbackNs {
+    /// Makes the namespace and brings its loopback up.
+    pub fn up() -> LoopbackNs {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let name = format!(
+            "hxl{}{}",
+            std::process::id() % 10000,
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        run(&["ip", "netns", "add", &name]);
+        run(&["ip", "-n", &name, "link", "set", "lo", "up"]);
+        LoopbackNs(name)
+    }
+
+    /// `program` run inside the namespace.
+    pub fn command(&self, program: &str) -> Command {
+        super::isolate_profiles();
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.0, program]);
+        c
+    }
+
+    /// Waits (at most 10 s) until something in the namespace accepts connections on
+    /// 127.0.0.1:`port`.
+    pub fn wait_listening(&self, port: u16) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let probe = format!("exec 3<>/dev/tcp/127.0.0.1/{port}");
+        while !self
+            .command("bash")
+            .args(["-c", &probe])
+            .output()
+            .unwrap()
+            .status
+            .success()
+        {
+            assert!(Instant::now() < deadline, "server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for LoopbackNs {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
+    }
+}
