@@ -21,7 +21,8 @@ const PORT: u16 = 7433;
 
 struct Path {
     net: Dumbbell,
-    _server: ServerProc,
+    /// The server; `None` only while [`Path::serve_again`] replaces it.
+    server: Option<ServerProc>,
     token: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -41,7 +42,7 @@ fn path_with(rate_mbit: u32, queue: u32, serve_args: &[&str]) -> Path {
     let server = net.serve_with(&root, &token, PORT, serve_args);
     Path {
         net,
-        _server: server,
+        server: Some(server),
         token,
         _dir: dir,
     }
@@ -64,6 +65,16 @@ impl Path {
         let args = self.bench_args(extra);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         events(self.net.client(&args))
+    }
+
+    /// Stops the server as an operator would (so that it puts back what it set) and starts
+    /// another with `serve_args`, on the same root, token and port.
+    fn serve_again(&mut self, serve_args: &[&str]) {
+        if let Some(s) = self.server.take() {
+            s.terminate();
+        }
+        let root = self._dir.path().join("root");
+        self.server = Some(self.net.serve_with(&root, &self.token, PORT, serve_args));
     }
 
     /// Asserts that the sender's MPTCP path manager has no endpoints and the limits it had
@@ -720,46 +731,23 @@ fn more_than_nine_mptcp_subflows_with_the_userspace_path_manager() {
         return;
     }
     let _g = lock();
-    let dir = tempfile::tempdir().unwrap();
-    let token = dir.path().join("token");
-    hsxfer::session::token::new(&token).unwrap();
-    let root = dir.path().join("root");
-    std::fs::create_dir(&root).unwrap();
-    let net = Dumbbell::up(200, 100);
-    let pm_type = |host: &str| {
-        let out = net
+    // A server with the kernel's path manager takes 9 subflows: the client says so, and
+    // its rows are the 9 that joined.
+    let mut p = path_with(200, 100, &["--mptcp"]);
+    let pm_type = |p: &Path, host: &str| {
+        let out = p
+            .net
             .command(host, "cat")
             .arg("/proc/sys/net/mptcp/pm_type")
             .output()
             .unwrap();
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     };
-    let bench = |n: &str| {
-        let args = [
-            "bench",
-            "--json",
-            "--port",
-            &PORT.to_string(),
-            "--token-file",
-            token.to_str().unwrap(),
-            "--mptcp",
-            "-n",
-            n,
-            "--time",
-            "3",
-            "--tune",
-            "off",
-            "--pace",
-            "off",
-            RECEIVER,
-        ];
-        let s = events(net.client(&args));
-        summary(&s).clone()
-    };
-    // A server with the kernel's path manager takes 9 subflows: the client says so, and
-    // its rows are the 9 that joined.
-    let server = net.serve_with(&root, &token, PORT, &["--mptcp"]);
-    let s = bench("16");
+    let sixteen = [
+        "--mptcp", "-n", "16", "--time", "3", "--tune", "off", "--pace", "off",
+    ];
+    let events = p.bench(&sixteen);
+    let s = summary(&events);
     assert_eq!(s["subflows"], 9, "{s}");
     assert_eq!(s["channels"].as_array().unwrap().len(), 9, "{s}");
     assert!(
@@ -768,12 +756,12 @@ fn more_than_nine_mptcp_subflows_with_the_userspace_path_manager() {
             .contains("9 of 16 MPTCP subflows"),
         "{s}"
     );
-    server.terminate();
     // With the userspace one on both ends, the client opens 16 from one address to the
     // server's port, and each carries data.
-    let server = net.serve_with(&root, &token, PORT, &["--mptcp", "--mptcp-pm", "userspace"]);
-    assert_eq!(pm_type("d"), "1");
-    let s = bench("16");
+    p.serve_again(&["--mptcp", "--mptcp-pm", "userspace"]);
+    assert_eq!(pm_type(&p, "d"), "1");
+    let events = p.bench(&sixteen);
+    let s = summary(&events);
     assert_eq!(s["transport"], "mptcp", "{s}");
     assert_eq!(s["subflows"], 16, "{s}");
     let rows = s["channels"].as_array().unwrap();
@@ -783,7 +771,7 @@ fn more_than_nine_mptcp_subflows_with_the_userspace_path_manager() {
         assert!(c["bytes"].as_u64().unwrap() > 0, "{c}");
     }
     // Each end's namespace selects the in-kernel path manager again afterwards.
-    assert_eq!(pm_type("s"), "0");
-    server.terminate();
-    assert_eq!(pm_type("d"), "0");
+    assert_eq!(pm_type(&p, "s"), "0");
+    p.server.take().unwrap().terminate();
+    assert_eq!(pm_type(&p, "d"), "0");
 }

@@ -541,7 +541,7 @@ impl Client {
         }
         let addrs = self.resolve().await?;
         let (addr, opened) = self.connect_control(&addrs).await?;
-        let pm = match self.opts.mptcp {
+        let mut pm = match self.opts.mptcp {
             true => PathManager::set_up(
                 addr.ip(),
                 self.opts.channels,
@@ -674,7 +674,6 @@ impl Client {
         channels.sort_by_key(|c| c.0);
         let channels: Vec<Stream> = channels.into_iter().map(|c| c.1).collect();
         let transport = self.transport_of(&channels, &mut report.notes);
-        let mut pm = pm;
         pm.open_subflows(&channels[0], addr, &mut report.notes);
         report.notes.extend(mptcp_notes);
         let subflows = match transport {

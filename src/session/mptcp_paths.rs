@@ -93,7 +93,8 @@ pub struct PathManager {
 }
 
 impl PathManager {
-    /// No set-up: plain TCP channels.
+    /// Nothing set: `channels` channels (plain TCP), or `channels` subflows from what the host
+    /// already allows.
     pub fn none(channels: u16) -> PathManager {
         PathManager {
             paths: Vec::new(),
@@ -121,11 +122,8 @@ impl PathManager {
             match (root, PmSocket::open()) {
                 (true, Ok(pm)) => {
                     return Ok(PathManager {
-                        paths: Vec::new(),
-                        subflows: channels.min(MAX_USERSPACE_SUBFLOWS),
                         userspace: Some(pm),
-                        _endpoints: None,
-                        _limits: None,
+                        ..PathManager::none(channels.min(MAX_USERSPACE_SUBFLOWS))
                     })
                 }
                 (true, Err(e)) => notes.push(format!(
@@ -172,10 +170,8 @@ impl PathManager {
         }
         let mut set = PathManager {
             paths,
-            subflows: 1 + extra as u16,
-            userspace: None,
             _endpoints: endpoints,
-            _limits: None,
+            ..PathManager::none(1 + extra as u16)
         };
         if extra == 0 {
             return Ok(set);

@@ -337,11 +337,18 @@ static PM_TYPE_LOCK: Mutex<()> = Mutex::new(());
 /// userspace one too (and then open no subflows of their own).
 pub fn with_userspace_pm<T>(make: impl FnOnce() -> T) -> io::Result<T> {
     let _serial = PM_TYPE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let before = std::fs::read_to_string(PM_TYPE)?;
-    std::fs::write(PM_TYPE, "1")?;
+    let before = select_pm_type("1")?;
     let made = make();
-    std::fs::write(PM_TYPE, before.trim())?;
+    select_pm_type(&before)?;
     Ok(made)
+}
+
+/// Writes `value` as the namespace's path manager type and returns the one it replaced (the
+/// caller holds [`PM_TYPE_LOCK`]).
+fn select_pm_type(value: &str) -> io::Result<String> {
+    let before = std::fs::read_to_string(PM_TYPE)?.trim().to_string();
+    std::fs::write(PM_TYPE, value)?;
+    Ok(before)
 }
 
 /// This namespace selects the userspace path manager while this lives (a server's accepted
@@ -356,16 +363,16 @@ impl UserspacePm {
     /// Selects the userspace path manager (root only).
     pub fn select() -> io::Result<UserspacePm> {
         let _serial = PM_TYPE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-        let before = std::fs::read_to_string(PM_TYPE)?.trim().to_string();
-        std::fs::write(PM_TYPE, "1")?;
-        Ok(UserspacePm { before })
+        Ok(UserspacePm {
+            before: select_pm_type("1")?,
+        })
     }
 }
 
 impl Drop for UserspacePm {
     fn drop(&mut self) {
         let _serial = PM_TYPE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = std::fs::write(PM_TYPE, &self.before);
+        let _ = select_pm_type(&self.before);
     }
 }
 

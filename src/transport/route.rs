@@ -26,14 +26,16 @@ pub fn source_addr(host: IpAddr) -> io::Result<IpAddr> {
 
 /// The name of the interface that holds `addr`, if any does.
 pub fn interface_of(addr: IpAddr) -> io::Result<Option<String>> {
-    let found = nix::ifaddrs::getifaddrs()?.find(|i| {
-        let a = i.address.as_ref();
-        let ip = a
-            .and_then(|s| s.as_sockaddr_in().map(|v4| IpAddr::V4(v4.ip())))
-            .or_else(|| a.and_then(|s| s.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))));
-        ip == Some(addr)
-    });
+    let found = nix::ifaddrs::getifaddrs()?.find(|i| ip_of(i) == Some(addr));
     Ok(found.map(|i| i.interface_name))
+}
+
+/// The IPv4 or IPv6 address of an interface address entry, if it has one.
+fn ip_of(i: &nix::ifaddrs::InterfaceAddress) -> Option<IpAddr> {
+    let a = i.address.as_ref()?;
+    a.as_sockaddr_in()
+        .map(|v4| IpAddr::V4(v4.ip()))
+        .or_else(|| a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
 }
 
 /// The link speed of interface `name` in bits/s, if it reports one (virtual devices and
@@ -167,11 +169,7 @@ pub fn global_addrs(to: IpAddr) -> io::Result<Vec<IpAddr>> {
     for i in nix::ifaddrs::getifaddrs()? {
         let up = i.flags.contains(InterfaceFlags::IFF_UP)
             && !i.flags.contains(InterfaceFlags::IFF_LOOPBACK);
-        let a = i.address.as_ref();
-        let ip = a
-            .and_then(|s| s.as_sockaddr_in().map(|v4| IpAddr::V4(v4.ip())))
-            .or_else(|| a.and_then(|s| s.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))));
-        let Some(ip) = ip.filter(|ip| up && ip.is_ipv4() == to.is_ipv4()) else {
+        let Some(ip) = ip_of(&i).filter(|ip| up && ip.is_ipv4() == to.is_ipv4()) else {
             continue;
         };
         let link_local = match ip {

@@ -289,19 +289,7 @@ impl Dumbbell {
     /// Waits (at most `limit`) until the receiver host accepts connections on `port` from the
     /// sender host; false if it never did.
     pub fn wait_listening(&self, port: u16, limit: Duration) -> bool {
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            let probe = self
-                .command("s", "bash")
-                .args(["-c", &format!("exec 3<>/dev/tcp/{RECEIVER}/{port}")])
-                .output()
-                .unwrap();
-            if probe.status.success() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        false
+        accepts_within(&self.ns("s"), RECEIVER, port, limit)
     }
 
     /// Runs `hsxfer ARGS` on the sender host and waits for it.
@@ -338,6 +326,24 @@ impl Drop for Dumbbell {
                 .output();
         }
     }
+}
+
+/// Whether `addr`:`port` accepts a connection from namespace `ns` within `limit` (tried
+/// every 50 ms).
+fn accepts_within(ns: &str, addr: &str, port: u16, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    let probe = format!("exec 3<>/dev/tcp/{addr}/{port}");
+    while Instant::now() < deadline {
+        let tried = Command::new("ip")
+            .args(["netns", "exec", ns, "bash", "-c", &probe])
+            .output()
+            .unwrap();
+        if tried.status.success() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
 }
 
 /// A server process, killed on drop.
@@ -390,19 +396,10 @@ impl LoopbackNs {
     /// Waits (at most 10 s) until something in the namespace accepts connections on
     /// 127.0.0.1:`port`.
     pub fn wait_listening(&self, port: u16) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let probe = format!("exec 3<>/dev/tcp/127.0.0.1/{port}");
-        while !self
-            .command("bash")
-            .args(["-c", &probe])
-            .output()
-            .unwrap()
-            .status
-            .success()
-        {
-            assert!(Instant::now() < deadline, "server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        assert!(
+            accepts_within(&self.0, "127.0.0.1", port, Duration::from_secs(10)),
+            "server did not start"
+        );
     }
 }
 
