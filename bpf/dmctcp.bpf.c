@@ -12,6 +12,9 @@
  * Groups: MPTCP subflows join the group of their parent connection; plain TCP channels join
  * the group named by a tag (u64 in the dmctcp_tags socket-storage map) that the sending
  * process sets before the congestion control starts. An untagged socket is a group of one.
+ * A tagged group belongs to the user whose socket made it: another user's socket with the
+ * same tag runs alone, so a tag read from the (world-readable) groups map cannot be used to
+ * join it.
  * Channels are paced by TCP's internal pacing (see init); a channel idle for two RTTs is left
  * out of the comparisons (dmc_publish).
  */
@@ -36,8 +39,8 @@ char _license[] SEC("license") = "Dual MIT/GPL";
 HSX_STATS_MAP(dmctcp)
 
 /*
- * A group: its channels' windows and counters. User space reads a tagged group by its tag, then
- * deletes it; an MPTCP group by its connection's token, until its last subflow deletes it.
+ * A group: its channels' windows and counters. User space reads a tagged group by its tag, an
+ * MPTCP group by its connection's token; the group goes with its last channel.
  */
 struct dmc_group {
 	struct bpf_spin_lock lock;
@@ -58,7 +61,7 @@ struct dmc_group {
 	u32 k_ms;           /* how long the curve takes to climb back to w_max */
 	/* Added later: the MPTCP connection's token (MPTCP_INFO tells user space), 0 for a tag. */
 	u32 mptcp_token;
-	u32 pad2;
+	u32 uid;            /* the owner of the socket that made the group */
 };
 
 struct {
@@ -113,7 +116,7 @@ static __always_inline void dmc_join(struct sock *sk, struct dmc_ca *ca)
 	struct dmc_group zero = {};
 	struct dmc_group *g;
 	u64 key, now = now_us();
-	u32 slot = 0;
+	u32 slot = 0, uid;
 
 	/* The first ACK (the SYN-ACK's) can come before init: join once. */
 	if (ca->joined)
@@ -122,15 +125,20 @@ static __always_inline void dmc_join(struct sock *sk, struct dmc_ca *ca)
 	if (!key)
 		return;
 	ca->joined = 1;
+	uid = BPF_CORE_READ(sk, sk_uid.val);
 	g = bpf_map_lookup_elem(&dmctcp_groups, &key);
 	if (!g) {
 		if (key >> 63)
 			zero.mptcp_token = BPF_CORE_READ((struct mptcp_sock *)key, token);
+		zero.uid = uid;
 		bpf_map_update_elem(&dmctcp_groups, &key, &zero, BPF_NOEXIST);
 		g = bpf_map_lookup_elem(&dmctcp_groups, &key);
 		if (!g)
 			return;
 	}
+	/* MPTCP keys are kernel addresses no user can choose; tags are checked. */
+	if (!(key >> 63) && g->uid != uid)
+		return;
 	bpf_spin_lock(&g->lock);
 	for (u32 i = 0; i < DMC_MAX_CHANNELS; i++) {
 		if (!(g->used & (1U << i))) {
@@ -245,8 +253,11 @@ void BPF_PROG(dmctcp_release, struct sock *sk)
 	left = g->channels;
 	bpf_spin_unlock(&g->lock);
 	ca->slot = 0;
-	/* Tagged groups stay for user space to read; an MPTCP group goes with its last subflow. */
-	if (!left && (ca->key >> 63)) {
+	/*
+	 * The group goes with its last channel, so groups made by users who may not delete them
+	 * (an unprivileged sender) cannot fill the map; user space keeps the counters it last read.
+	 */
+	if (!left) {
 		u64 key = ca->key;
 
 		bpf_map_delete_elem(&dmctcp_groups, &key);

@@ -40,8 +40,13 @@ struct sock_common {
 	unsigned short skc_family;
 } __attribute__((preserve_access_index));
 
+typedef struct {
+	u32 val;
+} kuid_t;
+
 struct sock {
 	struct sock_common __sk_common;
+	kuid_t sk_uid;
 	u32 sk_pacing_status;
 	unsigned long sk_pacing_rate;
 	unsigned long sk_max_pacing_rate;

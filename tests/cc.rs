@@ -473,3 +473,165 @@ fn latest_before(r: &FlowResult, t: f64, channel: usize, idle: f64) -> f64 {
         .map(|(_, (w, _))| *w as f64)
         .fold(0.0, f64::max)
 }
+
+/// Removes `hsxfer cc load dmctcp --pin`'s registration and pins when the test ends.
+struct Unpin;
+
+impl Drop for Unpin {
+    fn drop(&mut self) {
+        let _ = hsxfer(&["cc", "unload", "dmctcp"]);
+    }
+}
+
+/// The user the unprivileged checks run as.
+const NOBODY: u32 = 65534;
+
+#[test]
+fn dmctcp_groups_channels_of_a_user_without_root_once_pinned() {
+    if !root_or_skip("dmctcp groups without root") {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _ = hsxfer(&["cc", "unload", "dmctcp"]);
+    let out = hsxfer(&["cc", "load", "dmctcp", "--pin"]);
+    assert!(out.status.success(), "{out:?}");
+    let _unpin = Unpin;
+    // The maps a user without root needs, with the modes that let them tag only their own
+    // sockets and read the counters.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |name: &str| {
+        std::fs::metadata(Path::new(hsxfer::tuning::bundled::PIN_DIR).join(name))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    assert_eq!(mode("dmctcp_tags"), 0o666);
+    assert_eq!(mode("dmctcp_groups"), 0o644);
+    assert_eq!(mode("dmctcp_stats"), 0o644);
+    assert_eq!(mode("dmctcp"), 0o600);
+
+    let (lab, _cleanup) = bottleneck("u", 40, QueueSize::Bdp(0.1));
+    // The program, the token and a home where that user can reach them. `nsenter` enters
+    // only the network namespace: `ip netns exec` mounts a sysfs of its own, which hides the
+    // BPF file system and its pins.
+    let home = tempfile::tempdir().unwrap();
+    let own = |p: &Path, mode: u32| {
+        std::os::unix::fs::chown(p, Some(NOBODY), Some(NOBODY)).unwrap();
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    own(home.path(), 0o755);
+    let program_copy = home.path().join("hsxfer");
+    std::fs::copy(program(), &program_copy).unwrap();
+    let token = home.path().join("token");
+    std::fs::copy(lab.dir().join("token"), &token).unwrap();
+    own(&token, 0o600);
+    let ns = format!(
+        "/run/netns/{}",
+        lab.spec().namespace(hsxfer::lab::Host::Sender(1))
+    );
+    let out = Command::new("nsenter")
+        .arg(format!("--net={ns}"))
+        .args([
+            "setpriv",
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+        ])
+        .args(["--inh-caps=-all", "--"])
+        .arg(&program_copy)
+        .arg("bench")
+        .arg(hsxfer::lab::Host::Receiver.addr().to_string())
+        .args(["--port", &hsxfer::lab::topology::SERVER_PORT.to_string()])
+        .arg("--token-file")
+        .arg(&token)
+        .args(["-n", "4", "--cc", "dmctcp", "--time", "4", "--json"])
+        .env("HOME", home.path())
+        .env("XDG_CACHE_HOME", home.path().join("cache"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| e["type"] == "summary")
+        .expect("a summary event");
+    assert_eq!(
+        report["dmctcp"]["channels"], 4,
+        "the four channels of a user without root form one group: {report}"
+    );
+    assert!(
+        report["guard"].is_object(),
+        "the guard's counters are readable too: {report}"
+    );
+}
+
+/// Connects a loopback socket running dmctcp in `group`, created with file-system uid `uid`
+/// (what the kernel records as the socket's owner), and pushes some data through it.
+fn grouped_socket(
+    l: &TcpListener,
+    group: &hsxfer::tuning::bundled::group::DmcGroup,
+    uid: u32,
+) -> (TcpStream, TcpStream) {
+    use std::io::Write;
+    let sock = std::thread::scope(|s| {
+        s.spawn(|| {
+            // setfsuid is per thread; the thread ends with it.
+            unsafe { libc::setfsuid(uid) };
+            let sock =
+                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            unsafe { libc::setfsuid(0) };
+            sock
+        })
+        .join()
+        .unwrap()
+    });
+    group.join(&sock).unwrap();
+    set_congestion(&sock, "dmctcp").unwrap();
+    sock.connect(&l.local_addr().unwrap().into()).unwrap();
+    let mut client: TcpStream = sock.into();
+    let (server, _) = l.accept().unwrap();
+    client.write_all(&[7u8; 1 << 16]).unwrap();
+    (client, server)
+}
+
+#[test]
+fn a_dmctcp_group_takes_only_its_owners_sockets_and_goes_with_its_last() {
+    if !root_or_skip("dmctcp group owner") {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _ = hsxfer(&["cc", "unload", "dmctcp"]);
+    let out = hsxfer(&["cc", "load", "dmctcp", "--pin"]);
+    assert!(out.status.success(), "{out:?}");
+    let _unpin = Unpin;
+    let group = hsxfer::tuning::bundled::group::DmcGroup::new().expect("the dmctcp maps");
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let channels = || group.counters().map(|c| c.channels);
+
+    let first = grouped_socket(&l, &group, 0);
+    wait_for("the first socket joins", || channels() == Some(1));
+    // Another user's socket with the same tag runs dmctcp alone.
+    let other = grouped_socket(&l, &group, NOBODY);
+    assert_eq!(congestion(&other.0).unwrap(), "dmctcp");
+    let second = grouped_socket(&l, &group, 0);
+    wait_for("the owner's second socket joins", || channels() == Some(2));
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        channels(),
+        Some(2),
+        "another user's socket joined the group"
+    );
+
+    drop((first, second, other));
+    wait_for("the group goes with its last channel", || {
+        group.counters().is_none()
+    });
+}

@@ -28,7 +28,8 @@ enum CcCommand {
         /// Names (dmctcp highspeed scalable htcp bic), or `all`.
         #[arg(required = true, value_name = "NAME|all")]
         names: Vec<String>,
-        /// Pin them under /sys/fs/bpf/hsxfer and return at once.
+        /// Pin them under /sys/fs/bpf/hsxfer and return at once, with the maps users without
+        /// root need to group dmctcp channels and read the counters (docs/cc.md, "Groups").
         #[arg(long)]
         pin: bool,
     },
@@ -119,8 +120,11 @@ async fn load(names: &[&'static str], pin: bool) -> anyhow::Result<bool> {
         match Registration::load(cc) {
             Ok(mut reg) => {
                 if pin {
-                    let path = reg.pin()?;
-                    println!("{name}: registered and pinned at {}", path.display());
+                    let pinned = reg.pin()?;
+                    if pinned.opened_bpffs {
+                        println!("/sys/fs/bpf: others may now pass through it (o+x), to reach the maps hsxfer shares with users without root");
+                    }
+                    println!("{name}: registered and pinned at {}", pinned.path.display());
                 } else {
                     println!("{name}: registered");
                 }

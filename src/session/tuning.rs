@@ -156,8 +156,9 @@ pub fn local_plan(
             let g = DmcGroup::new().map(Arc::new);
             if g.is_none() && dmc_channels > 1 {
                 notes.push(format!(
-                    "{host}: dmctcp channels cannot be grouped here (tagging sockets needs root and \
-                     the dmctcp maps); each channel runs as a group of its own"
+                    "{host}: dmctcp channels cannot be grouped here (tagging sockets needs root, \
+                     or the maps `sudo hsxfer cc load dmctcp --pin` shares with other users); \
+                     each channel runs as a group of its own"
                 ));
             }
             g

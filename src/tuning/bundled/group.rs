@@ -9,7 +9,7 @@ use std::sync::{Mutex, OnceLock};
 
 use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType};
 
-use super::inspect::newest_map;
+use super::inspect::find_map;
 use crate::transport::tcp::SocketTag;
 
 const TAGS_MAP: &str = "dmctcp_tags";
@@ -38,7 +38,7 @@ pub(super) struct GroupValue {
     pub(super) w_max: u32,
     pub(super) k_ms: u32,
     pub(super) mptcp_token: u32,
-    pub(super) pad2: u32,
+    pub(super) uid: u32,
 }
 
 /// `DMC_MAX_CHANNELS` of bpf/dmctcp.bpf.c.
@@ -69,7 +69,7 @@ fn token_of(v: &[u8]) -> Option<u32> {
         .map(|b| u32::from_ne_bytes(b.try_into().unwrap()))
 }
 
-/// The DMCTCP group of one transfer. Dropping it forgets the group's counters in the kernel.
+/// The DMCTCP group of one transfer. The program removes the group with its last channel.
 ///
 /// TCP channels form the group by its tag. The subflows of an MPTCP connection form one in the
 /// kernel by themselves (keyed by their connection, with no tag and no root needed); after
@@ -86,11 +86,12 @@ pub struct DmcGroup {
 }
 
 impl DmcGroup {
-    /// A fresh group, if the DMCTCP program is loaded and this process may reach its maps
-    /// (root). Without it, each DMCTCP socket is a group of its own.
+    /// A fresh group, if the DMCTCP program is loaded and this process may reach its maps:
+    /// root always, any user once `hsxfer cc load dmctcp --pin` has shared them. Without
+    /// them, each DMCTCP socket is a group of its own.
     pub fn new() -> Option<DmcGroup> {
-        let tags = newest_map(TAGS_MAP, MapType::SkStorage)?;
-        let groups = newest_map(GROUPS_MAP, MapType::Hash)?;
+        let tags = find_map(TAGS_MAP, MapType::SkStorage, true)?;
+        let groups = find_map(GROUPS_MAP, MapType::Hash, false)?;
         // Tags below 2^63: the program keys MPTCP groups by kernel addresses, which are above.
         let tag = loop {
             let t = rand::random::<u64>() >> 1;
@@ -158,12 +159,6 @@ impl DmcGroup {
             }
         }
         None
-    }
-}
-
-impl Drop for DmcGroup {
-    fn drop(&mut self) {
-        let _ = self.groups.delete(&self.tag.to_ne_bytes());
     }
 }
 

@@ -79,13 +79,25 @@ fn map_name(id: u32) -> Option<String> {
         .map(|m| m.name.to_string_lossy().into_owned())
 }
 
-/// The newest live map called `name` of type `ty`, opened by id (root only).
-pub(crate) fn newest_map(name: &str, ty: MapType) -> Option<MapHandle> {
-    let id = MapInfoIter::default()
+/// The map called `name` of type `ty`: the newest live one, opened by id (root), or else
+/// the one `hsxfer cc load --pin` shared in [`super::PIN_DIR`], opened read-only unless
+/// `write` (any user, as the pin's mode allows).
+pub(crate) fn find_map(name: &str, ty: MapType, write: bool) -> Option<MapHandle> {
+    let newest = MapInfoIter::default()
         .filter(|m| m.ty == ty && m.name.to_string_lossy() == name)
         .map(|m| m.id)
-        .max()?;
-    MapHandle::from_map_id(id).ok()
+        .max();
+    if let Some(map) = newest.and_then(|id| MapHandle::from_map_id(id).ok()) {
+        return Some(map);
+    }
+    let flags = if write {
+        0
+    } else {
+        libbpf_rs::libbpf_sys::BPF_F_RDONLY
+    };
+    MapHandle::from_pinned_path_with_file_flags(super::pin_path(name), flags)
+        .ok()
+        .filter(|m| m.map_type() == ty)
 }
 
 /// Counters every hsxfer BPF congestion control keeps (its `NAME_stats` map): `struct
@@ -135,7 +147,7 @@ impl CcStats {
 
 /// The counters of hsxfer's program `name`, if one is loaded and this process may read it.
 pub fn stats(name: &str) -> Option<CcStats> {
-    let map = newest_map(&format!("{name}_stats"), MapType::Array)?;
+    let map = find_map(&format!("{name}_stats"), MapType::Array, false)?;
     let v = map.lookup(&0u32.to_ne_bytes(), MapFlags::ANY).ok()??;
     CcStats::decode(&v)
 }

@@ -1,6 +1,8 @@
 //! Registering a bundled congestion control with the kernel, keeping it (pinned) after this
 //! process exits, and removing it again.
 
+use std::fs::Permissions;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -15,15 +17,15 @@ const BPF_FS_MAGIC: i64 = 0xcafe4a11;
 /// A bundled congestion control registered by this process. Dropping it unregisters the
 /// congestion control unless it was pinned; sockets already using it keep it until they close.
 pub struct Registration {
-    name: &'static str,
+    cc: &'static BundledCc,
     link: Link,
-    _object: Object,
+    object: Object,
 }
 
 impl std::fmt::Debug for Registration {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Registration")
-            .field("name", &self.name)
+            .field("name", &self.cc.name)
             .finish()
     }
 }
@@ -64,43 +66,80 @@ impl Registration {
             ops.attach_struct_ops()
                 .map_err(bpf("registering (struct_ops attach)"))?
         };
-        Ok(Registration {
-            name: cc.name,
-            link,
-            _object: object,
-        })
+        Ok(Registration { cc, link, object })
     }
 
     /// The congestion control's name.
     pub fn name(&self) -> &'static str {
-        self.name
+        self.cc.name
     }
 
     /// Pins the registration under [`PIN_DIR`] so it stays after this process exits (until
-    /// `hsxfer cc unload`), mounting the BPF file system there if needed.
-    pub fn pin(&mut self) -> Result<PathBuf, BundledError> {
-        mount_bpffs()?;
-        let path = pin_path(self.name);
-        self.link.pin(&path).map_err(|source| BundledError::Bpf {
-            what: "pinning",
-            name: self.name.to_string(),
-            source,
-        })?;
-        Ok(path)
+    /// `hsxfer cc unload`), mounting the BPF file system there if needed, and beside it the
+    /// maps users without root need ([`BundledCc::shared_maps`]), with their file modes.
+    pub fn pin(&mut self) -> Result<Pinned, BundledError> {
+        let opened = mount_bpffs()?;
+        let bpf = |what: &'static str, name: &str| {
+            let name = name.to_string();
+            move |source| BundledError::Bpf { what, name, source }
+        };
+        let path = pin_path(self.cc.name);
+        self.link.pin(&path).map_err(bpf("pinning", self.cc.name))?;
+        for shared in self.cc.shared_maps {
+            let map_path = pin_path(shared.name);
+            // A pin left by an earlier registration that `cc unload` did not remove.
+            remove_pin(&map_path)?;
+            let mut map = self
+                .object
+                .maps_mut()
+                .find(|m| m.name() == shared.name)
+                .ok_or_else(|| BundledError::Unknown(shared.name.to_string()))?;
+            map.pin(&map_path)
+                .map_err(bpf("pinning a map of", self.cc.name))?;
+            std::fs::set_permissions(&map_path, Permissions::from_mode(shared.mode())).map_err(
+                |source| BundledError::Io {
+                    context: format!("setting the mode of {}", map_path.display()),
+                    source,
+                },
+            )?;
+        }
+        Ok(Pinned {
+            path,
+            opened_bpffs: opened,
+        })
     }
 }
 
-/// Removes the pin of `name`; true if there was one. The congestion control stays registered
-/// while another holder (a running `hsxfer cc load`, a server) keeps it.
-pub fn unpin(name: &str) -> Result<bool, BundledError> {
-    match std::fs::remove_file(pin_path(name)) {
+/// Where [`Registration::pin`] pinned a registration.
+#[derive(Debug)]
+pub struct Pinned {
+    /// The registration's pin.
+    pub path: PathBuf,
+    /// Whether /sys/fs/bpf had to be opened for others to pass through (`o+x`), so that users
+    /// without root reach the shared maps. Pins keep their own modes (libbpf's 0600).
+    pub opened_bpffs: bool,
+}
+
+/// Removes the pin at `path`; false if there was none.
+fn remove_pin(path: &Path) -> Result<bool, BundledError> {
+    match std::fs::remove_file(path) {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(source) => Err(BundledError::Io {
-            context: format!("removing {}", pin_path(name).display()),
+            context: format!("removing {}", path.display()),
             source,
         }),
     }
+}
+
+/// Removes the pin of `name` and of its shared maps; true if the registration was pinned.
+/// The congestion control stays registered while another holder (a running `hsxfer cc
+/// load`, a server) keeps it.
+pub fn unpin(name: &str) -> Result<bool, BundledError> {
+    for shared in find(name).map_or(&[][..], |cc| cc.shared_maps) {
+        remove_pin(&pin_path(shared.name))?;
+    }
+    remove_pin(&pin_path(name))
 }
 
 /// Unregisters `name` whoever holds it, by detaching every struct_ops link of that name;
@@ -158,8 +197,9 @@ pub fn ensure_registered(names: &[String]) -> Result<Vec<&'static str>, BundledE
     Ok(done)
 }
 
-/// Mounts the BPF file system on /sys/fs/bpf unless it is there, and creates [`PIN_DIR`].
-fn mount_bpffs() -> Result<(), BundledError> {
+/// Mounts the BPF file system on /sys/fs/bpf unless it is there, lets others pass through it
+/// (systemd mounts it 0700), and creates [`PIN_DIR`] (0755). True if the mode was changed.
+fn mount_bpffs() -> Result<bool, BundledError> {
     let io = |context: &str| {
         let context = context.to_string();
         move |source| BundledError::Io { context, source }
@@ -179,5 +219,17 @@ fn mount_bpffs() -> Result<(), BundledError> {
         .map_err(|e| std::io::Error::from_raw_os_error(e as i32))
         .map_err(io("mounting the BPF file system on /sys/fs/bpf"))?;
     }
-    std::fs::create_dir_all(PIN_DIR).map_err(io(&format!("creating {PIN_DIR}")))
+    let mode = std::fs::metadata(root)
+        .map_err(io("reading the mode of /sys/fs/bpf"))?
+        .permissions()
+        .mode();
+    let opened = mode & 0o001 == 0;
+    if opened {
+        std::fs::set_permissions(root, Permissions::from_mode(mode | 0o001))
+            .map_err(io("letting others pass through /sys/fs/bpf"))?;
+    }
+    std::fs::create_dir_all(PIN_DIR).map_err(io(&format!("creating {PIN_DIR}")))?;
+    std::fs::set_permissions(PIN_DIR, Permissions::from_mode(0o755))
+        .map_err(io(&format!("setting the mode of {PIN_DIR}")))?;
+    Ok(opened)
 }

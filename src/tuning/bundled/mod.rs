@@ -11,7 +11,7 @@ pub mod group;
 pub mod inspect;
 mod loader;
 
-pub use loader::{detach, ensure_registered, unpin, Registration};
+pub use loader::{detach, ensure_registered, unpin, Pinned, Registration};
 
 use std::path::{Path, PathBuf};
 
@@ -32,6 +32,38 @@ pub struct BundledCc {
     pub summary: &'static str,
     /// The compiled BPF object (CO-RE, relocated at load).
     object: &'static [u8],
+    /// Maps that `hsxfer cc load --pin` pins beside the registration for other users.
+    pub shared_maps: &'static [SharedMap],
+}
+
+/// A map of a bundled program that users without root reach through its pin in [`PIN_DIR`]
+/// (they cannot look maps up by id). The kernel checks the pin's file mode when they open it.
+#[derive(Debug)]
+pub struct SharedMap {
+    /// The map's name in the object, and its pin's file name.
+    pub name: &'static str,
+    /// Whether others may write it. Only a socket-storage map is: its key is a socket the
+    /// writer holds, so a user can tag only their own sockets.
+    pub writable: bool,
+}
+
+impl SharedMap {
+    /// The pin's file mode: readable by all, and writable by all when [`SharedMap::writable`].
+    pub fn mode(&self) -> u32 {
+        if self.writable {
+            0o666
+        } else {
+            0o644
+        }
+    }
+}
+
+/// A map others may read.
+const fn readable(name: &'static str) -> SharedMap {
+    SharedMap {
+        name,
+        writable: false,
+    }
 }
 
 impl BundledCc {
@@ -58,26 +90,39 @@ pub const BUNDLED: &[BundledCc] = &[
         name: "dmctcp",
         summary: "Desynchronized Multi-Channel TCP: only the largest channel of a transfer cuts, at most once per RTT (Cui 2013 ch. 5); paced, with a CUBIC-form growth curve for the group",
         object: object!("dmctcp"),
+        // Any user's channels form groups: they tag their own sockets and read the counters.
+        shared_maps: &[
+            readable("dmctcp_stats"),
+            SharedMap {
+                name: "dmctcp_tags",
+                writable: true,
+            },
+            readable("dmctcp_groups"),
+        ],
     },
     BundledCc {
         name: "highspeed",
         summary: "HighSpeed TCP, RFC 3649 table as Linux's tcp_highspeed",
         object: object!("highspeed"),
+        shared_maps: &[readable("highspeed_stats")],
     },
     BundledCc {
         name: "scalable",
         summary: "Scalable TCP: +0.01 per ACKed segment, cut by 1/8, Reno below 16 segments",
         object: object!("scalable"),
+        shared_maps: &[readable("scalable_stats")],
     },
     BundledCc {
         name: "htcp",
         summary: "H-TCP (Leith & Shorten): increase by time since the last loss, adaptive backoff",
         object: object!("htcp"),
+        shared_maps: &[readable("htcp_stats")],
     },
     BundledCc {
         name: "bic",
         summary: "BIC-TCP: binary search increase toward the last maximum",
         object: object!("bic"),
+        shared_maps: &[readable("bic_stats")],
     },
 ];
 
@@ -136,6 +181,15 @@ mod tests {
                 "{} object does not carry its name",
                 cc.name
             );
+            for map in cc.shared_maps {
+                let name = format!("{}\0", map.name);
+                assert!(
+                    o.windows(name.len()).any(|w| w == name.as_bytes()),
+                    "{} object has no map {}",
+                    cc.name,
+                    map.name
+                );
+            }
         }
         assert!(find("dmctcp").is_some());
         assert!(find("cubic").is_none());
@@ -229,7 +283,7 @@ mod tests {
             ("w_max", offset_of!(G, w_max)),
             ("k_ms", offset_of!(G, k_ms)),
             ("mptcp_token", offset_of!(G, mptcp_token)),
-            ("pad2", offset_of!(G, pad2)),
+            ("uid", offset_of!(G, uid)),
         ];
         let dmctcp = find("dmctcp").unwrap();
         assert_eq!(
