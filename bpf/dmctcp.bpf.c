@@ -27,6 +27,32 @@
 #define HSX_PACING_CA_RATIO 105
 #include "hsxfer_cc.h"
 
+/*
+ * Two builds of this file: dmctcp (hsxfer's, above) and, with DMC_CLASSIC (dmctcp_classic.bpf.c),
+ * dmctcp_classic (the kernel takes only letters, digits, "_" and "." in a name): Cui 2013's
+ * rules alone, for research comparisons. It grows each channel by
+ * the ACKs it gets (as the 2013 implementation counted), not by the segments they cover; it
+ * has no group curve; and it leaves pacing to the socket (none unless a cap is set). The cut
+ * rule, the slow-start adoption, the idle rule and the guard are the same. Names of its
+ * programs and maps begin with dmcc_ (map names are cut at 15 characters in the kernel).
+ */
+#ifdef DMC_CLASSIC
+#define DMC(x) dmcc_##x
+#define DMC_OPS dmcc
+#define DMC_CC_NAME "dmctcp_classic"
+#else
+#define DMC(x) dmctcp_##x
+#define DMC_OPS dmctcp
+#define DMC_CC_NAME "dmctcp"
+#endif
+/* One level more, so DMC_OPS is expanded before the macros paste it. */
+#define DMC_PROG(name, args...) BPF_PROG(name, ##args)
+#define DMC_STATS_MAP(cc) HSX_STATS_MAP(cc)
+#define DMC_GUARD_HOOKS(cc, ca_type)                                                   \
+	HSX_GUARD_EVENT_HOOK(cc, ca_type)                                              \
+	HSX_GUARD_STATE_HOOK(cc, ca_type)                                              \
+	HSX_CONG_CONTROL(cc, ca_type)
+
 char _license[] SEC("license") = "Dual MIT/GPL";
 
 #define DMC_MAX_CHANNELS 32
@@ -36,7 +62,7 @@ char _license[] SEC("license") = "Dual MIT/GPL";
 #define DMC_C_NUM 3
 #define DMC_C_DEN 10
 
-HSX_STATS_MAP(dmctcp)
+DMC_STATS_MAP(DMC_OPS)
 
 /*
  * A group: its channels' windows and counters. User space reads a tagged group by its tag, an
@@ -69,7 +95,7 @@ struct {
 	__uint(max_entries, 4096);
 	__type(key, u64);
 	__type(value, struct dmc_group);
-} dmctcp_groups SEC(".maps");
+} DMC(groups) SEC(".maps");
 
 /* The group tag of a TCP socket, set by the sending process (key: the socket's fd). */
 struct {
@@ -77,7 +103,7 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, int);
 	__type(value, u64);
-} dmctcp_tags SEC(".maps");
+} DMC(tags) SEC(".maps");
 
 /* Per-socket state in icsk_ca_priv. */
 struct dmc_ca {
@@ -106,7 +132,7 @@ static __always_inline u64 dmc_group_key(struct sock *sk)
 
 		return (u64)conn;
 	}
-	tag = bpf_sk_storage_get(&dmctcp_tags, sk, 0, 0);
+	tag = bpf_sk_storage_get(&DMC(tags), sk, 0, 0);
 	return tag ? *tag : 0;
 }
 
@@ -126,13 +152,13 @@ static __always_inline void dmc_join(struct sock *sk, struct dmc_ca *ca)
 		return;
 	ca->joined = 1;
 	uid = BPF_CORE_READ(sk, sk_uid.val);
-	g = bpf_map_lookup_elem(&dmctcp_groups, &key);
+	g = bpf_map_lookup_elem(&DMC(groups), &key);
 	if (!g) {
 		if (key >> 63)
 			zero.mptcp_token = BPF_CORE_READ((struct mptcp_sock *)key, token);
 		zero.uid = uid;
-		bpf_map_update_elem(&dmctcp_groups, &key, &zero, BPF_NOEXIST);
-		g = bpf_map_lookup_elem(&dmctcp_groups, &key);
+		bpf_map_update_elem(&DMC(groups), &key, &zero, BPF_NOEXIST);
+		g = bpf_map_lookup_elem(&DMC(groups), &key);
 		if (!g)
 			return;
 	}
@@ -165,7 +191,7 @@ static __always_inline struct dmc_group *dmc_group(struct dmc_ca *ca)
 
 	if (!ca->slot)
 		return 0;
-	return bpf_map_lookup_elem(&dmctcp_groups, &key);
+	return bpf_map_lookup_elem(&DMC(groups), &key);
 }
 
 /* The group's windows, with this channel's current one. */
@@ -219,7 +245,7 @@ static __always_inline struct dmc_view dmc_publish(struct sock *sk, struct dmc_g
 }
 
 SEC("struct_ops")
-void BPF_PROG(dmctcp_init, struct sock *sk)
+void DMC_PROG(DMC(init), struct sock *sk)
 {
 	struct dmc_ca *ca = inet_csk_ca(sk);
 
@@ -230,11 +256,13 @@ void BPF_PROG(dmctcp_init, struct sock *sk)
 	 * seed's model assumes ACK-clocked, smooth channels; unpaced, a channel's line-rate bursts
 	 * overflow a tiny drop-tail buffer long before the aggregate fills the path.
 	 */
+#ifndef DMC_CLASSIC
 	sk->sk_pacing_status = SK_PACING_NEEDED;
+#endif
 }
 
 SEC("struct_ops")
-void BPF_PROG(dmctcp_release, struct sock *sk)
+void DMC_PROG(DMC(release), struct sock *sk)
 {
 	struct dmc_ca *ca = inet_csk_ca(sk);
 	struct dmc_group *g = dmc_group(ca);
@@ -260,12 +288,12 @@ void BPF_PROG(dmctcp_release, struct sock *sk)
 	if (!left) {
 		u64 key = ca->key;
 
-		bpf_map_delete_elem(&dmctcp_groups, &key);
+		bpf_map_delete_elem(&DMC(groups), &key);
 	}
 }
 
 SEC("struct_ops")
-void BPF_PROG(dmctcp_in_ack_event, struct sock *sk, u32 flags)
+void DMC_PROG(DMC(in_ack_event), struct sock *sk, u32 flags)
 {
 	struct dmc_ca *ca = inet_csk_ca(sk);
 	struct dmc_group *g;
@@ -330,7 +358,7 @@ static __always_inline u32 dmc_curve_w(const struct dmc_view *v, u32 srtt_us)
 
 /* Cut (halve) only the largest window, at most once per RTT per group; otherwise keep it. */
 SEC("struct_ops")
-u32 BPF_PROG(dmctcp_ssthresh, struct sock *sk)
+u32 DMC_PROG(DMC(ssthresh), struct sock *sk)
 {
 	struct dmc_ca *ca = inet_csk_ca(sk);
 	struct tcp_sock *tp = tcp_sk(sk);
@@ -370,7 +398,7 @@ u32 BPF_PROG(dmctcp_ssthresh, struct sock *sk)
 }
 
 /* Growth, called from cong_control (HSX_CONG_CONTROL) on in-order delivery. */
-static __always_inline void dmctcp_cong_avoid(struct sock *sk, u32 ack, u32 acked)
+static __always_inline void DMC(cong_avoid)(struct sock *sk, u32 ack, u32 acked)
 {
 	struct dmc_ca *ca = inet_csk_ca(sk);
 	struct tcp_sock *tp = tcp_sk(sk);
@@ -398,8 +426,13 @@ static __always_inline void dmctcp_cong_avoid(struct sock *sk, u32 ack, u32 acke
 		v = dmc_publish(sk, g, ca->slot);
 		if (tp->snd_cwnd > v.min && v.total > v.min)
 			w = v.total - v.min;
+#ifndef DMC_CLASSIC
 		w = min_u32(w, dmc_curve_w(&v, tp->srtt_us >> 3));
+#endif
 	}
+#ifdef DMC_CLASSIC
+	acked = 1;
+#endif
 	tcp_cong_avoid_ai(tp, max_u32(w, 1), acked);
 publish:
 	if (g)
@@ -407,28 +440,25 @@ publish:
 }
 
 SEC("struct_ops")
-u32 BPF_PROG(dmctcp_undo_cwnd, struct sock *sk)
+u32 DMC_PROG(DMC(undo_cwnd), struct sock *sk)
 {
 	struct dmc_ca *ca = inet_csk_ca(sk);
 
 	return hsx_undo_ret(&ca->guard, tcp_reno_undo_cwnd(sk));
 }
 
-HSX_GUARD_EVENT_HOOK(dmctcp, struct dmc_ca)
-HSX_GUARD_STATE_HOOK(dmctcp, struct dmc_ca)
-
-HSX_CONG_CONTROL(dmctcp, struct dmc_ca)
+DMC_GUARD_HOOKS(DMC_OPS, struct dmc_ca)
 
 SEC(".struct_ops.link")
-struct tcp_congestion_ops dmctcp = {
-	.init = (void *)dmctcp_init,
-	.release = (void *)dmctcp_release,
-	.ssthresh = (void *)dmctcp_ssthresh,
-	.cong_control = (void *)dmctcp_cong_control,
-	.in_ack_event = (void *)dmctcp_in_ack_event,
-	.cwnd_event = (void *)dmctcp_cwnd_event,
-	.set_state = (void *)dmctcp_set_state,
-	.undo_cwnd = (void *)dmctcp_undo_cwnd,
+struct tcp_congestion_ops DMC_OPS = {
+	.init = (void *)DMC(init),
+	.release = (void *)DMC(release),
+	.ssthresh = (void *)DMC(ssthresh),
+	.cong_control = (void *)DMC(cong_control),
+	.in_ack_event = (void *)DMC(in_ack_event),
+	.cwnd_event = (void *)DMC(cwnd_event),
+	.set_state = (void *)DMC(set_state),
+	.undo_cwnd = (void *)DMC(undo_cwnd),
 	.flags = TCP_CONG_NON_RESTRICTED,
-	.name = "dmctcp",
+	.name = DMC_CC_NAME,
 };

@@ -216,7 +216,7 @@ fn expected_ratio(cc: &str, red: &Reduction) -> Option<(f64, f64)> {
     let (w, seen) = (red.cwnd_before as f64, red.ratio());
     let first_slow_start = red.ssthresh_before >= INFINITE_SSTHRESH;
     Some(match cc {
-        "dmctcp" => (if seen < 0.75 { 0.5 } else { seen.max(1.0) }, tol),
+        "dmctcp" | "dmctcp_classic" => (if seen < 0.75 { 0.5 } else { seen.max(1.0) }, tol),
         "highspeed" if first_slow_start => (HighSpeed.on_first_slow_start_loss(w) / w, tol),
         "highspeed" => (HighSpeed.on_loss(w) / w, tol),
         "scalable" => (Scalable.on_loss(w) / w, tol),
@@ -612,7 +612,7 @@ fn a_dmctcp_group_takes_only_its_owners_sockets_and_goes_with_its_last() {
     let out = hsxfer(&["cc", "load", "dmctcp", "--pin"]);
     assert!(out.status.success(), "{out:?}");
     let _unpin = Unpin;
-    let group = hsxfer::tuning::bundled::group::DmcGroup::new().expect("the dmctcp maps");
+    let group = hsxfer::tuning::bundled::group::DmcGroup::new("dmctcp").expect("the dmctcp maps");
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let channels = || group.counters().map(|c| c.channels);
 

@@ -25,7 +25,7 @@ enum CcCommand {
     /// Register bundled congestion controls (root). Without --pin they stay registered while
     /// this command runs (until Ctrl-C); with --pin they stay until `hsxfer cc unload`.
     Load {
-        /// Names (dmctcp highspeed scalable htcp bic), or `all`.
+        /// Names (dmctcp highspeed scalable htcp bic dmctcp_classic), or `all`.
         #[arg(required = true, value_name = "NAME|all")]
         names: Vec<String>,
         /// Pin them under /sys/fs/bpf/hsxfer and return at once, with the maps users without
@@ -73,7 +73,7 @@ fn list(json: bool) -> anyhow::Result<bool> {
         return Ok(true);
     }
     println!(
-        "{:<10} {:<32} {:<8} {:<8} {:>8} {:>8}",
+        "{:<14} {:<32} {:<8} {:<8} {:>8} {:>8}",
         "NAME", "REGISTERED", "ALLOWED", "BUNDLED", "SOCKETS", "REPAIRS"
     );
     for e in &entries {
@@ -86,7 +86,7 @@ fn list(json: bool) -> anyhow::Result<bool> {
             (o, false) => o.describe().to_string(),
         };
         println!(
-            "{:<10} {:<32} {:<8} {:<8} {:>8} {:>8}",
+            "{:<14} {:<32} {:<8} {:<8} {:>8} {:>8}",
             e.name,
             origin,
             match (e.origin, e.allowed) {

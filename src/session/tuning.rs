@@ -16,6 +16,7 @@ use crate::transport::tls::Stream;
 use crate::transport::SocketOptions;
 use crate::tuning::bdp::{self, Direction};
 use crate::tuning::bundled::{self, group::DmcGroup, inspect::GuardBaseline};
+use crate::tuning::models::dmctcp;
 use crate::tuning::online::{OnlineTuner, TunerConfig};
 use crate::tuning::registry;
 use crate::tuning::sysctl::BufferLimits;
@@ -147,17 +148,21 @@ pub fn local_plan(
         .iter()
         .map(|w| format!("{host}: {w}"))
         .collect();
-    let dmc_channels = (0..channels as usize)
-        .filter(|i| side == Side::Send && t.cc_of(*i) == Some("dmctcp"))
-        .count();
-    let dmc_group = match dmc_channels {
-        0 => None,
-        _ => {
-            let g = DmcGroup::new().map(Arc::new);
+    // One group per transfer, of the first DMCTCP build among the channels' choices: channels
+    // that run the other build (a mixed --cc list) run alone.
+    let dmc_cc = (0..channels as usize)
+        .filter(|_| side == Side::Send)
+        .find_map(|i| t.cc_of(i).filter(|cc| dmctcp::grouped(cc)));
+    let grouped = |i: usize| side == Side::Send && dmc_cc.is_some() && t.cc_of(i) == dmc_cc;
+    let dmc_channels = (0..channels as usize).filter(|i| grouped(*i)).count();
+    let dmc_group = match dmc_cc {
+        None => None,
+        Some(cc) => {
+            let g = DmcGroup::new(cc).map(Arc::new);
             if g.is_none() && dmc_channels > 1 {
                 notes.push(format!(
-                    "{host}: dmctcp channels cannot be grouped here (tagging sockets needs root, \
-                     or the maps `sudo hsxfer cc load dmctcp --pin` shares with other users); \
+                    "{host}: {cc} channels cannot be grouped here (tagging sockets needs root, \
+                     or the maps `sudo hsxfer cc load {cc} --pin` shares with other users); \
                      each channel runs as a group of its own"
                 ));
             }
@@ -188,10 +193,7 @@ pub fn local_plan(
                     .flatten(),
             },
             notsent_lowat: (side == Side::Send).then_some(NOTSENT_LOWAT),
-            tag: dmc_group
-                .clone()
-                .filter(|_| side == Side::Send && t.cc_of(i) == Some("dmctcp"))
-                .map(|g| Tag(g)),
+            tag: dmc_group.clone().filter(|_| grouped(i)).map(|g| Tag(g)),
             // The client's choices, set by the client: a server only accepts.
             mptcp: false,
             userspace_pm: false,

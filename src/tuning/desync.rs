@@ -39,7 +39,7 @@ pub enum StaggerChoice {
 /// assert_eq!(effective_stagger(StaggerChoice::Auto, &[], false), StaggerChoice::Auto);
 /// ```
 pub fn effective_stagger(choice: StaggerChoice, cc: &[String], metered: bool) -> StaggerChoice {
-    let grouped = cc.iter().any(|c| c == crate::tuning::models::dmctcp::NAME);
+    let grouped = cc.iter().any(|c| crate::tuning::models::dmctcp::grouped(c));
     match choice {
         StaggerChoice::Auto if metered || grouped => StaggerChoice::Off,
         other => other,

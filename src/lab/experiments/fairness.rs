@@ -18,7 +18,7 @@ use crate::metrics::jain;
 /// Channels per connection: DMCTCP is a multi-channel connection (m = 5, Cui 2013's choice);
 /// the others are single TCP flows.
 pub fn channels_for(cc: &str) -> u16 {
-    if cc == "dmctcp" {
+    if crate::tuning::models::dmctcp::grouped(cc) {
         5
     } else {
         1

@@ -11,14 +11,12 @@ use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType};
 
 use super::inspect::find_map;
 use crate::transport::tcp::SocketTag;
-
-const TAGS_MAP: &str = "dmctcp_tags";
-const GROUPS_MAP: &str = "dmctcp_groups";
+use crate::tuning::models::dmctcp;
 
 /// What a DMCTCP group did during a transfer (the wire type of the telemetry).
 pub use crate::channels::telemetry::DmcCounters as GroupCounters;
 
-/// `struct dmc_group` of bpf/dmctcp.bpf.c, the value of its `dmctcp_groups` map. A unit test
+/// `struct dmc_group` of bpf/dmctcp.bpf.c, the value of its `PREFIX_groups` map. A unit test
 /// checks every field's offset and the size against the BTF of the bundled object.
 #[repr(C)]
 pub(super) struct GroupValue {
@@ -86,12 +84,13 @@ pub struct DmcGroup {
 }
 
 impl DmcGroup {
-    /// A fresh group, if the DMCTCP program is loaded and this process may reach its maps:
-    /// root always, any user once `hsxfer cc load dmctcp --pin` has shared them. Without
-    /// them, each DMCTCP socket is a group of its own.
-    pub fn new() -> Option<DmcGroup> {
-        let tags = find_map(TAGS_MAP, MapType::SkStorage, true)?;
-        let groups = find_map(GROUPS_MAP, MapType::Hash, false)?;
+    /// A fresh group of DMCTCP build `cc` (`dmctcp` or `dmctcp_classic`), if that program is
+    /// loaded and this process may reach its maps: root always, any user once `hsxfer cc
+    /// load CC --pin` has shared them. Without them, each socket is a group of its own.
+    pub fn new(cc: &str) -> Option<DmcGroup> {
+        let prefix = super::find(cc).filter(|_| dmctcp::grouped(cc))?.prefix;
+        let tags = find_map(&format!("{prefix}_tags"), MapType::SkStorage, true)?;
+        let groups = find_map(&format!("{prefix}_groups"), MapType::Hash, false)?;
         // Tags below 2^63: the program keys MPTCP groups by kernel addresses, which are above.
         let tag = loop {
             let t = rand::random::<u64>() >> 1;

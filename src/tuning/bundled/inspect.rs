@@ -8,7 +8,7 @@ use libbpf_rs::query::{LinkInfoIter, LinkTypeInfo, MapInfoIter};
 use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType};
 use serde::Serialize;
 
-use super::pin_path;
+use super::{ops_name, pin_path};
 use crate::channels::telemetry::GuardCounters;
 use crate::transport::cc::CcCatalog;
 
@@ -52,7 +52,7 @@ pub fn origin(name: &str) -> Origin {
     if !crate::transport::cc::privileged() {
         return Origin::Unknown;
     }
-    if struct_ops_links(name).is_empty() {
+    if struct_ops_links(ops_name(name)).is_empty() {
         Origin::Kernel
     } else if pin_path(name).exists() {
         Origin::BpfPinned
@@ -61,7 +61,8 @@ pub fn origin(name: &str) -> Origin {
     }
 }
 
-/// Ids of the struct_ops links that register a congestion control called `name`.
+/// Ids of the struct_ops links whose map is called `name` (a congestion control's
+/// [`super::ops_name`]).
 pub fn struct_ops_links(name: &str) -> Vec<u32> {
     LinkInfoIter::default()
         .filter_map(|l| match l.info {
@@ -147,7 +148,7 @@ impl CcStats {
 
 /// The counters of hsxfer's program `name`, if one is loaded and this process may read it.
 pub fn stats(name: &str) -> Option<CcStats> {
-    let map = find_map(&format!("{name}_stats"), MapType::Array, false)?;
+    let map = find_map(&format!("{}_stats", ops_name(name)), MapType::Array, false)?;
     let v = map.lookup(&0u32.to_ne_bytes(), MapFlags::ANY).ok()??;
     CcStats::decode(&v)
 }

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use libbpf_rs::{Link, MapCore, Object, ObjectBuilder};
 
-use super::{find, inspect, pin_path, BundledCc, BundledError, PIN_DIR};
+use super::{find, inspect, ops_name, pin_path, BundledCc, BundledError, PIN_DIR};
 use crate::transport::cc::{privileged, CcCatalog};
 
 /// `statfs` magic of the BPF file system.
@@ -61,7 +61,7 @@ impl Registration {
         let link = {
             let mut ops = object
                 .maps_mut()
-                .find(|m| m.name() == cc.name)
+                .find(|m| m.name() == cc.prefix)
                 .ok_or_else(|| BundledError::Unknown(cc.name.to_string()))?;
             ops.attach_struct_ops()
                 .map_err(bpf("registering (struct_ops attach)"))?
@@ -146,7 +146,7 @@ pub fn unpin(name: &str) -> Result<bool, BundledError> {
 /// returns how many were detached. Sockets using it keep it until they close.
 pub fn detach(name: &str) -> Result<usize, BundledError> {
     let mut n = 0;
-    for id in inspect::struct_ops_links(name) {
+    for id in inspect::struct_ops_links(ops_name(name)) {
         // SAFETY: plain syscall wrappers on an id and the fd they return, closed below.
         let fd = unsafe { libbpf_rs::libbpf_sys::bpf_link_get_fd_by_id(id) };
         if fd < 0 {

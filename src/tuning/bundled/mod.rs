@@ -32,6 +32,12 @@ pub struct BundledCc {
     pub summary: &'static str,
     /// The compiled BPF object (CO-RE, relocated at load).
     object: &'static [u8],
+    /// Its source and object under `bpf/` (`FILE.bpf.c`, `obj/FILE.bpf.o`).
+    pub file: &'static str,
+    /// Its struct_ops map, in the object and in the kernel, and the prefix of its other maps'
+    /// names (`PREFIX_stats`): its name where that is a C identifier of at most 9 characters,
+    /// since the kernel keeps 15 characters of a map's name.
+    pub prefix: &'static str,
     /// Maps that `hsxfer cc load --pin` pins beside the registration for other users.
     pub shared_maps: &'static [SharedMap],
 }
@@ -90,6 +96,8 @@ pub const BUNDLED: &[BundledCc] = &[
         name: "dmctcp",
         summary: "Desynchronized Multi-Channel TCP: only the largest channel of a transfer cuts, at most once per RTT (Cui 2013 ch. 5); paced, with a CUBIC-form growth curve for the group",
         object: object!("dmctcp"),
+        file: "dmctcp",
+        prefix: "dmctcp",
         // Any user's channels form groups: they tag their own sockets and read the counters.
         shared_maps: &[
             readable("dmctcp_stats"),
@@ -104,25 +112,48 @@ pub const BUNDLED: &[BundledCc] = &[
         name: "highspeed",
         summary: "HighSpeed TCP, RFC 3649 table as Linux's tcp_highspeed",
         object: object!("highspeed"),
+        file: "highspeed",
+        prefix: "highspeed",
         shared_maps: &[readable("highspeed_stats")],
     },
     BundledCc {
         name: "scalable",
         summary: "Scalable TCP: +0.01 per ACKed segment, cut by 1/8, Reno below 16 segments",
         object: object!("scalable"),
+        file: "scalable",
+        prefix: "scalable",
         shared_maps: &[readable("scalable_stats")],
     },
     BundledCc {
         name: "htcp",
         summary: "H-TCP (Leith & Shorten): increase by time since the last loss, adaptive backoff",
         object: object!("htcp"),
+        file: "htcp",
+        prefix: "htcp",
         shared_maps: &[readable("htcp_stats")],
     },
     BundledCc {
         name: "bic",
         summary: "BIC-TCP: binary search increase toward the last maximum",
         object: object!("bic"),
+        file: "bic",
+        prefix: "bic",
         shared_maps: &[readable("bic_stats")],
+    },
+    BundledCc {
+        name: "dmctcp_classic",
+        summary: "DMCTCP with Cui 2013's rules only, for research comparisons: growth counted per ACK, no group curve, no pacing of its own",
+        object: object!("dmctcp_classic"),
+        file: "dmctcp_classic",
+        prefix: "dmcc",
+        shared_maps: &[
+            readable("dmcc_stats"),
+            SharedMap {
+                name: "dmcc_tags",
+                writable: true,
+            },
+            readable("dmcc_groups"),
+        ],
     },
 ];
 
@@ -131,11 +162,17 @@ pub fn find(name: &str) -> Option<&'static BundledCc> {
     BUNDLED.iter().find(|b| b.name == name)
 }
 
+/// The name of congestion control `name`'s struct_ops map in the kernel: a bundled one's
+/// [`BundledCc::prefix`], otherwise the name itself.
+pub(crate) fn ops_name(name: &str) -> &str {
+    find(name).map_or(name, |cc| cc.prefix)
+}
+
 /// Why a bundled congestion control could not be registered, unregistered or read.
 #[derive(Debug, thiserror::Error)]
 pub enum BundledError {
     /// The name is not one hsxfer bundles.
-    #[error("hsxfer bundles no congestion control named '{0}'; bundled: dmctcp highspeed scalable htcp bic")]
+    #[error("hsxfer bundles no congestion control named '{0}'; bundled: dmctcp highspeed scalable htcp bic dmctcp_classic")]
     Unknown(String),
     /// The kernel already has a congestion control of that name (its own module, or ours
     /// registered by another process).
@@ -202,8 +239,8 @@ mod tests {
             .lines()
             .find_map(|l| l.strip_prefix("CCS := "))
             .expect("bpf/Makefile has a CCS := line");
-        let names: Vec<&str> = BUNDLED.iter().map(|b| b.name).collect();
-        assert_eq!(ccs.split_whitespace().collect::<Vec<_>>(), names);
+        let files: Vec<&str> = BUNDLED.iter().map(|b| b.file).collect();
+        assert_eq!(ccs.split_whitespace().collect::<Vec<_>>(), files);
     }
 
     /// Member names and byte offsets of struct `name` in a bundled object's BTF, and its size.

@@ -26,6 +26,22 @@ use super::reno::reno_ssthresh;
 
 /// Name the DMCTCP BPF program registers.
 pub const NAME: &str = "dmctcp";
+
+/// The name of the build with Cui 2013's rules only (growth counted per ACK, no group curve,
+/// no pacing of its own), kept for research comparisons.
+pub const CLASSIC: &str = "dmctcp_classic";
+
+/// Whether congestion control `cc` runs its channels as a DMCTCP group.
+///
+/// # Examples
+///
+/// ```
+/// use hsxfer::tuning::models::dmctcp::grouped;
+/// assert!(grouped("dmctcp") && grouped("dmctcp_classic") && !grouped("cubic"));
+/// ```
+pub fn grouped(cc: &str) -> bool {
+    cc == NAME || cc == CLASSIC
+}
 /// Fewest channels a group can have (two must be able to coordinate; Cui 2013 L1022).
 pub const MIN_CHANNELS: usize = 2;
 /// Most channels (the MPTCP subflow limit the seed's implementation inherited; L1039).
