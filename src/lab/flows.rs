@@ -48,6 +48,8 @@ impl FlowSpec {
 /// A flow that is running.
 pub struct RunningFlow {
     child: Child,
+    /// Its standard output and error, read as they come (see [`drain`]).
+    output: [std::thread::JoinHandle<Vec<u8>>; 2],
     spec: FlowSpec,
     trace: PathBuf,
     /// When it was started.
@@ -118,14 +120,16 @@ impl Lab {
         });
         c.arg("--trace").arg(&trace);
         c.args(&spec.extra);
-        let child = c
+        let mut child = c
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .map_err(LabError::io("starting hsxfer bench"))?;
+        let output = [drain(child.stdout.take()), drain(child.stderr.take())];
         Ok(RunningFlow {
             child,
+            output,
             spec: spec.clone(),
             trace,
             started: Instant::now(),
@@ -138,14 +142,29 @@ impl Lab {
     }
 }
 
+/// Reads `pipe` to its end on a thread of its own. A flow's output must be read while it
+/// runs: `bench --json` writes a line per channel every interval, and a flow whose pipe is
+/// full blocks on it and stops sending. Experiments that run two flows at once waited for
+/// the first while the second's pipe filled, which throttled the second to about 11 Mbit/s
+/// at 100 Mbit/s (the convergence and fairness results before this fix).
+fn drain(pipe: Option<impl std::io::Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut out = Vec::new();
+        if let Some(mut p) = pipe {
+            let _ = p.read_to_end(&mut out);
+        }
+        out
+    })
+}
+
 impl RunningFlow {
     /// Waits for the flow and parses what it printed.
-    pub fn wait(self) -> Result<FlowResult, LabError> {
-        let out = self
-            .child
-            .wait_with_output()
+    pub fn wait(mut self) -> Result<FlowResult, LabError> {
+        self.child
+            .wait()
             .map_err(LabError::io("waiting for hsxfer bench"))?;
-        let stdout = String::from_utf8_lossy(&out.stdout);
+        let [stdout, stderr] = self.output.map(|h| h.join().unwrap_or_default());
+        let stdout = String::from_utf8_lossy(&stdout);
         let events: Vec<Event> = stdout
             .lines()
             .filter_map(|l| serde_json::from_str(l).ok())
@@ -161,7 +180,7 @@ impl RunningFlow {
                     Event::Error { message } => Some(message.clone()),
                     _ => None,
                 })
-                .unwrap_or_else(|| String::from_utf8_lossy(&out.stderr).trim().to_string());
+                .unwrap_or_else(|| String::from_utf8_lossy(&stderr).trim().to_string());
             return Err(LabError::Command {
                 command: format!("hsxfer bench ({} × {})", self.spec.channels, self.spec.cc),
                 stderr: why,
