@@ -477,6 +477,14 @@ fn latest_before(r: &FlowResult, t: f64, channel: usize, idle: f64) -> f64 {
 /// Removes `hsxfer cc load dmctcp --pin`'s registration and pins when the test ends.
 struct Unpin;
 
+/// Registers dmctcp afresh with `hsxfer cc load dmctcp --pin`, until the guard is dropped.
+fn pin_dmctcp() -> Unpin {
+    let _ = hsxfer(&["cc", "unload", "dmctcp"]);
+    let out = hsxfer(&["cc", "load", "dmctcp", "--pin"]);
+    assert!(out.status.success(), "{out:?}");
+    Unpin
+}
+
 impl Drop for Unpin {
     fn drop(&mut self) {
         let _ = hsxfer(&["cc", "unload", "dmctcp"]);
@@ -492,10 +500,7 @@ fn dmctcp_groups_channels_of_a_user_without_root_once_pinned() {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let _ = hsxfer(&["cc", "unload", "dmctcp"]);
-    let out = hsxfer(&["cc", "load", "dmctcp", "--pin"]);
-    assert!(out.status.success(), "{out:?}");
-    let _unpin = Unpin;
+    let _unpin = pin_dmctcp();
     // The maps a user without root needs, with the modes that let them tag only their own
     // sockets and read the counters.
     use std::os::unix::fs::PermissionsExt;
@@ -608,10 +613,7 @@ fn a_dmctcp_group_takes_only_its_owners_sockets_and_goes_with_its_last() {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let _ = hsxfer(&["cc", "unload", "dmctcp"]);
-    let out = hsxfer(&["cc", "load", "dmctcp", "--pin"]);
-    assert!(out.status.success(), "{out:?}");
-    let _unpin = Unpin;
+    let _unpin = pin_dmctcp();
     let group = hsxfer::tuning::bundled::group::DmcGroup::new("dmctcp").expect("the dmctcp maps");
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let channels = || group.counters().map(|c| c.channels);

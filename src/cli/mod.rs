@@ -62,7 +62,7 @@ enum Command {
     /// research experiments on it.
     Lab(lab::LabArgs),
     /// Congestion controls: list them, register hsxfer's bundled BPF ones (dmctcp, highspeed,
-    /// scalable, htcp, bic), unregister them.
+    /// scalable, htcp, bic, dmctcp_classic), unregister them.
     Cc(cc::CcArgs),
     /// Token files: `token new FILE` writes a new random token, readable by you only.
     Token(TokenArgs),

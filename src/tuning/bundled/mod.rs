@@ -72,6 +72,14 @@ const fn readable(name: &'static str) -> SharedMap {
     }
 }
 
+/// A map others may also write (only a socket-storage map: see [`SharedMap::writable`]).
+const fn writable(name: &'static str) -> SharedMap {
+    SharedMap {
+        name,
+        writable: true,
+    }
+}
+
 impl BundledCc {
     /// The compiled BPF object.
     pub fn object(&self) -> &'static [u8] {
@@ -101,10 +109,7 @@ pub const BUNDLED: &[BundledCc] = &[
         // Any user's channels form groups: they tag their own sockets and read the counters.
         shared_maps: &[
             readable("dmctcp_stats"),
-            SharedMap {
-                name: "dmctcp_tags",
-                writable: true,
-            },
+            writable("dmctcp_tags"),
             readable("dmctcp_groups"),
         ],
     },
@@ -148,10 +153,7 @@ pub const BUNDLED: &[BundledCc] = &[
         prefix: "dmcc",
         shared_maps: &[
             readable("dmcc_stats"),
-            SharedMap {
-                name: "dmcc_tags",
-                writable: true,
-            },
+            writable("dmcc_tags"),
             readable("dmcc_groups"),
         ],
     },
