@@ -151,9 +151,9 @@ pub fn local_plan(
     // One group per transfer, of the first DMCTCP build among the channels' choices: channels
     // that run the other build (a mixed --cc list) run alone.
     let dmc_cc = (0..channels as usize)
-        .filter(|_| side == Side::Send)
-        .find_map(|i| t.cc_of(i).filter(|cc| dmctcp::grouped(cc)));
-    let grouped = |i: usize| side == Side::Send && dmc_cc.is_some() && t.cc_of(i) == dmc_cc;
+        .find_map(|i| t.cc_of(i).filter(|cc| dmctcp::grouped(cc)))
+        .filter(|_| side == Side::Send);
+    let grouped = |i: usize| dmc_cc.is_some() && t.cc_of(i) == dmc_cc;
     let dmc_channels = (0..channels as usize).filter(|i| grouped(*i)).count();
     let dmc_group = match dmc_cc {
         None => None,

@@ -88,9 +88,9 @@ impl DmcGroup {
     /// loaded and this process may reach its maps: root always, any user once `hsxfer cc
     /// load CC --pin` has shared them. Without them, each socket is a group of its own.
     pub fn new(cc: &str) -> Option<DmcGroup> {
-        let prefix = super::find(cc).filter(|_| dmctcp::grouped(cc))?.prefix;
-        let tags = find_map(&format!("{prefix}_tags"), MapType::SkStorage, true)?;
-        let groups = find_map(&format!("{prefix}_groups"), MapType::Hash, false)?;
+        let cc = super::find(cc).filter(|_| dmctcp::grouped(cc))?;
+        let tags = find_map(&cc.map_name("tags"), MapType::SkStorage, true)?;
+        let groups = find_map(&cc.map_name("groups"), MapType::Hash, false)?;
         // Tags below 2^63: the program keys MPTCP groups by kernel addresses, which are above.
         let tag = loop {
             let t = rand::random::<u64>() >> 1;

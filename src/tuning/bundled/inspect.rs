@@ -148,7 +148,7 @@ impl CcStats {
 
 /// The counters of hsxfer's program `name`, if one is loaded and this process may read it.
 pub fn stats(name: &str) -> Option<CcStats> {
-    let map = find_map(&format!("{}_stats", ops_name(name)), MapType::Array, false)?;
+    let map = find_map(&super::find(name)?.map_name("stats"), MapType::Array, false)?;
     let v = map.lookup(&0u32.to_ne_bytes(), MapFlags::ANY).ok()??;
     CcStats::decode(&v)
 }

@@ -85,14 +85,14 @@ impl Registration {
         };
         let path = pin_path(self.cc.name);
         self.link.pin(&path).map_err(bpf("pinning", self.cc.name))?;
-        for shared in self.cc.shared_maps {
-            let map_path = pin_path(shared.name);
+        for shared in self.cc.shared_maps() {
+            let map_path = pin_path(&shared.name);
             // A pin left by an earlier registration that `cc unload` did not remove.
             remove_pin(&map_path)?;
             let mut map = self
                 .object
                 .maps_mut()
-                .find(|m| m.name() == shared.name)
+                .find(|m| m.name() == shared.name.as_str())
                 .ok_or_else(|| BundledError::Unknown(shared.name.to_string()))?;
             map.pin(&map_path)
                 .map_err(bpf("pinning a map of", self.cc.name))?;
@@ -136,8 +136,8 @@ fn remove_pin(path: &Path) -> Result<bool, BundledError> {
 /// The congestion control stays registered while another holder (a running `hsxfer cc
 /// load`, a server) keeps it.
 pub fn unpin(name: &str) -> Result<bool, BundledError> {
-    for shared in find(name).map_or(&[][..], |cc| cc.shared_maps) {
-        remove_pin(&pin_path(shared.name))?;
+    for shared in find(name).map(BundledCc::shared_maps).unwrap_or_default() {
+        remove_pin(&pin_path(&shared.name))?;
     }
     remove_pin(&pin_path(name))
 }

@@ -15,6 +15,8 @@ pub use loader::{detach, ensure_registered, unpin, Pinned, Registration};
 
 use std::path::{Path, PathBuf};
 
+use crate::tuning::models::dmctcp;
+
 /// Where `hsxfer cc load --pin` pins registrations (one link per congestion control).
 pub const PIN_DIR: &str = "/sys/fs/bpf/hsxfer";
 
@@ -38,8 +40,6 @@ pub struct BundledCc {
     /// names (`PREFIX_stats`): its name where that is a C identifier of at most 9 characters,
     /// since the kernel keeps 15 characters of a map's name.
     pub prefix: &'static str,
-    /// Maps that `hsxfer cc load --pin` pins beside the registration for other users.
-    pub shared_maps: &'static [SharedMap],
 }
 
 /// A map of a bundled program that users without root reach through its pin in [`PIN_DIR`]
@@ -47,7 +47,7 @@ pub struct BundledCc {
 #[derive(Debug)]
 pub struct SharedMap {
     /// The map's name in the object, and its pin's file name.
-    pub name: &'static str,
+    pub name: String,
     /// Whether others may write it. Only a socket-storage map is: its key is a socket the
     /// writer holds, so a user can tag only their own sockets.
     pub writable: bool,
@@ -64,26 +64,31 @@ impl SharedMap {
     }
 }
 
-/// A map others may read.
-const fn readable(name: &'static str) -> SharedMap {
-    SharedMap {
-        name,
-        writable: false,
-    }
-}
-
-/// A map others may also write (only a socket-storage map: see [`SharedMap::writable`]).
-const fn writable(name: &'static str) -> SharedMap {
-    SharedMap {
-        name,
-        writable: true,
-    }
-}
-
 impl BundledCc {
     /// The compiled BPF object.
     pub fn object(&self) -> &'static [u8] {
         self.object
+    }
+
+    /// The name of its map `PREFIX_suffix`: `stats` for every program, and `tags` and
+    /// `groups` for a DMCTCP build.
+    pub fn map_name(&self, suffix: &str) -> String {
+        format!("{}_{suffix}", self.prefix)
+    }
+
+    /// The maps `hsxfer cc load --pin` pins beside the registration for other users: its
+    /// counters, and for a DMCTCP build its groups and (writable) tags, so that any user's
+    /// channels form groups.
+    pub fn shared_maps(&self) -> Vec<SharedMap> {
+        let map = |suffix, writable| SharedMap {
+            name: self.map_name(suffix),
+            writable,
+        };
+        let mut maps = vec![map("stats", false)];
+        if dmctcp::grouped(self.name) {
+            maps.extend([map("tags", true), map("groups", false)]);
+        }
+        maps
     }
 }
 
@@ -106,12 +111,6 @@ pub const BUNDLED: &[BundledCc] = &[
         object: object!("dmctcp"),
         file: "dmctcp",
         prefix: "dmctcp",
-        // Any user's channels form groups: they tag their own sockets and read the counters.
-        shared_maps: &[
-            readable("dmctcp_stats"),
-            writable("dmctcp_tags"),
-            readable("dmctcp_groups"),
-        ],
     },
     BundledCc {
         name: "highspeed",
@@ -119,7 +118,6 @@ pub const BUNDLED: &[BundledCc] = &[
         object: object!("highspeed"),
         file: "highspeed",
         prefix: "highspeed",
-        shared_maps: &[readable("highspeed_stats")],
     },
     BundledCc {
         name: "scalable",
@@ -127,7 +125,6 @@ pub const BUNDLED: &[BundledCc] = &[
         object: object!("scalable"),
         file: "scalable",
         prefix: "scalable",
-        shared_maps: &[readable("scalable_stats")],
     },
     BundledCc {
         name: "htcp",
@@ -135,7 +132,6 @@ pub const BUNDLED: &[BundledCc] = &[
         object: object!("htcp"),
         file: "htcp",
         prefix: "htcp",
-        shared_maps: &[readable("htcp_stats")],
     },
     BundledCc {
         name: "bic",
@@ -143,7 +139,6 @@ pub const BUNDLED: &[BundledCc] = &[
         object: object!("bic"),
         file: "bic",
         prefix: "bic",
-        shared_maps: &[readable("bic_stats")],
     },
     BundledCc {
         name: "dmctcp_classic",
@@ -151,11 +146,6 @@ pub const BUNDLED: &[BundledCc] = &[
         object: object!("dmctcp_classic"),
         file: "dmctcp_classic",
         prefix: "dmcc",
-        shared_maps: &[
-            readable("dmcc_stats"),
-            writable("dmcc_tags"),
-            readable("dmcc_groups"),
-        ],
     },
 ];
 
@@ -220,7 +210,7 @@ mod tests {
                 "{} object does not carry its name",
                 cc.name
             );
-            for map in cc.shared_maps {
+            for map in cc.shared_maps() {
                 let name = format!("{}\0", map.name);
                 assert!(
                     o.windows(name.len()).any(|w| w == name.as_bytes()),
