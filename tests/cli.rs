@@ -382,6 +382,30 @@ fn bad_input_gets_a_clear_one_line_error() {
         assert_eq!(out.status.code(), Some(2), "{err}");
         assert!(err.contains(needle), "{err}");
     }
+    // `lab run` refuses a queue it cannot use before it builds anything.
+    for (args, needle) in [
+        (
+            vec!["lab", "run", "fairness", "--buffer", "1bdp"],
+            "required arguments were not provided:\n  --against <CC>",
+        ),
+        (
+            vec![
+                "lab",
+                "run",
+                "fairness",
+                "--against",
+                "cubic",
+                "--buffer",
+                "3x",
+            ],
+            "bad queue size '3x'",
+        ),
+    ] {
+        let out = hsxfer(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(needle), "{err}");
+    }
     let port = free_port();
     let _s = serve(dir.path(), port);
     let p = port.to_string();

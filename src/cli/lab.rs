@@ -154,6 +154,11 @@ struct RunArgs {
     /// share of the path, e.g. `--against cubic`).
     #[arg(long, value_name = "CC")]
     against: Option<String>,
+    /// fairness --against: the bottleneck's drop-tail queue instead of the tiny 64 packets:
+    /// packets or a BDP multiple (e.g. 1bdp), to see the share where queue overflow from
+    /// bursts does not decide it.
+    #[arg(long, value_name = "N|Xbdp", requires = "against")]
+    buffer: Option<QueueSize>,
 }
 
 #[derive(Args)]
@@ -481,6 +486,7 @@ fn run(r: RunArgs) -> anyhow::Result<bool> {
         tiny_only: r.tiny_only,
         paths: r.paths,
         against: r.against,
+        buffer: r.buffer,
     };
     let report = experiments::run(r.experiment, &opts, &mut |line| eprintln!("{line}"))?;
     println!("{}", report.markdown);

@@ -1,7 +1,7 @@
 //! Inter-protocol share (`lab run fairness --against CC`): one connection of each congestion
 //! control under test (DMCTCP with 5 channels, the others with 1) shares the bottleneck with
 //! one flow of the reference control, started together at the same RTT, on the tiny-queue
-//! path of the utilization experiment. Reported: the tested connection's share of the two
+//! path of the utilization experiment (or the queue given by `--buffer`). Reported: the tested connection's share of the two
 //! goodputs, their total against the path's ceiling, and the tested one's share relative to
 //! a fair half ("1.33×" is a third more than half).
 
@@ -37,7 +37,7 @@ pub fn run(
     reference: &str,
     log: &mut dyn FnMut(&str),
 ) -> Result<Report, LabError> {
-    let (rate, rtt_ms, queue, seconds, warmup): (u64, u64, u32, f64, f64) = if opts.quick {
+    let (rate, rtt_ms, tiny, seconds, warmup): (u64, u64, u32, f64, f64) = if opts.quick {
         (200_000_000, 20, 16, 6.0, 1.5)
     } else {
         (1_000_000_000, 60, 64, 60.0, 5.0)
@@ -55,10 +55,11 @@ pub fn run(
         name: opts.lab_name.clone(),
         rate_bps: rate,
         rtts: vec![rtt, rtt],
-        queue: QueueSize::Packets(queue),
+        queue: opts.buffer.unwrap_or(QueueSize::Packets(tiny)),
         senders: 2,
         ..LabSpec::default()
     };
+    let queue = spec.queue_packets();
     let lab = OwnedLab::up(&spec, opts)?;
     let mut rows = Vec::new();
     for cc in &ccs {

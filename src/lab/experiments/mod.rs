@@ -28,7 +28,7 @@ use std::str::FromStr;
 
 use serde_json::Value;
 
-use super::{Lab, LabError, LabSpec};
+use super::{Lab, LabError, LabSpec, QueueSize};
 use crate::transport::cc::CcCatalog;
 
 /// Which experiment to run.
@@ -108,6 +108,8 @@ pub struct RunOptions {
     /// The congestion control of the one flow each tested connection shares the path with
     /// (fairness: the inter-protocol form, [`against`]).
     pub against: Option<String>,
+    /// The bottleneck's drop-tail queue instead of the experiment's (fairness `--against`).
+    pub buffer: Option<QueueSize>,
 }
 
 /// What an experiment produced.
