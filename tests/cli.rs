@@ -281,6 +281,18 @@ fn json_events_follow_the_documented_schema() {
     assert!(per_channel(0) >= 3 && per_channel(1) >= 3, "{events:#?}");
 }
 
+/// Flags the argument parser refuses: exit 2 (usage), with `needle` in its message (which
+/// may span lines, as clap's list of missing arguments does).
+fn usage_error(args: &[&str], needle: &str) {
+    let out = hsxfer(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert!(
+        err.contains(needle),
+        "{args:?}: expected '{needle}' in: {err}"
+    );
+}
+
 /// A value the argument parser refuses: exit 2 (usage), the first line says what to use.
 fn refused_as_usage(args: &[&str], needle: &str) {
     let out = hsxfer(args);
@@ -367,45 +379,46 @@ fn bad_input_gets_a_clear_one_line_error() {
     fails_with(&["copy", f, "127.0.0.1:x"], "--token-file");
     fails_with(&["copy", "--no-auth", f, "other"], "both local");
     // Flags that do not parse are the argument parser's usage errors (exit status 2).
-    for (args, needle) in [
-        (
-            vec!["--mptcp", "--mptcp-paths", "eth1"],
-            "'eth1' is not an IP address",
-        ),
-        (
-            vec!["--mptcp-paths", "off"],
-            "required arguments were not provided:\n  --mptcp",
-        ),
-    ] {
-        let out = hsxfer(&[&["copy", "--no-auth"], &args[..], &[f, "127.0.0.1:x"]].concat());
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{err}");
-        assert!(err.contains(needle), "{err}");
-    }
+    usage_error(
+        &[
+            "copy",
+            "--no-auth",
+            "--mptcp",
+            "--mptcp-paths",
+            "eth1",
+            f,
+            "127.0.0.1:x",
+        ],
+        "'eth1' is not an IP address",
+    );
+    usage_error(
+        &[
+            "copy",
+            "--no-auth",
+            "--mptcp-paths",
+            "off",
+            f,
+            "127.0.0.1:x",
+        ],
+        "required arguments were not provided:\n  --mptcp",
+    );
     // `lab run` refuses a queue it cannot use before it builds anything.
-    for (args, needle) in [
-        (
-            vec!["lab", "run", "fairness", "--buffer", "1bdp"],
-            "required arguments were not provided:\n  --against <CC>",
-        ),
-        (
-            vec![
-                "lab",
-                "run",
-                "fairness",
-                "--against",
-                "cubic",
-                "--buffer",
-                "3x",
-            ],
-            "bad queue size '3x'",
-        ),
-    ] {
-        let out = hsxfer(&args);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{err}");
-        assert!(err.contains(needle), "{err}");
-    }
+    usage_error(
+        &["lab", "run", "fairness", "--buffer", "1bdp"],
+        "required arguments were not provided:\n  --against <CC>",
+    );
+    usage_error(
+        &[
+            "lab",
+            "run",
+            "fairness",
+            "--against",
+            "cubic",
+            "--buffer",
+            "3x",
+        ],
+        "bad queue size '3x'",
+    );
     let port = free_port();
     let _s = serve(dir.path(), port);
     let p = port.to_string();

@@ -157,18 +157,24 @@ impl Journal {
         }
     }
 
-    /// Syncs `data`, then appends the pending records: on a thread of its own while fewer than
-    /// [`BACKGROUND_SYNCS`] run, else here.
-    fn flush(&mut self, data: &File) -> io::Result<()> {
+    /// Takes the pending records and returns the work that makes them durable: sync `data`,
+    /// then append them.
+    fn take_sync(&mut self, data: &File) -> io::Result<impl FnOnce() -> io::Result<()>> {
         let records = std::mem::take(&mut self.pending);
         self.pending_bytes = 0;
         self.last_flush = Instant::now();
         let journal = self.file.try_clone()?;
         let data = data.try_clone()?;
-        let sync = move || {
+        Ok(move || {
             data.sync_data()?;
             (&journal).write_all(&records)
-        };
+        })
+    }
+
+    /// Syncs `data`, then appends the pending records: on a thread of its own while fewer than
+    /// [`BACKGROUND_SYNCS`] run, else here.
+    fn flush(&mut self, data: &File) -> io::Result<()> {
+        let sync = self.take_sync(data)?;
         if SYNCS_RUNNING.fetch_add(1, Ordering::SeqCst) >= BACKGROUND_SYNCS {
             SYNCS_RUNNING.fetch_sub(1, Ordering::SeqCst);
             return sync();
@@ -658,9 +664,10 @@ impl Drop for PartialFile {
             Some(j) => {
                 if let Ok(mut j) = j.lock() {
                     let _ = j.settle();
-                    if !j.pending.is_empty() && self.file.sync_data().is_ok() {
-                        let pending = std::mem::take(&mut j.pending);
-                        let _ = j.file.write_all(&pending);
+                    if !j.pending.is_empty() {
+                        if let Ok(sync) = j.take_sync(&self.file) {
+                            let _ = sync();
+                        }
                     }
                 }
             }

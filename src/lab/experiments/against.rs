@@ -1,9 +1,9 @@
 //! Inter-protocol share (`lab run fairness --against CC`): one connection of each congestion
 //! control under test (DMCTCP with 5 channels, the others with 1) shares the bottleneck with
 //! one flow of the reference control, started together at the same RTT, on the tiny-queue
-//! path of the utilization experiment (or the queue given by `--buffer`). Reported: the tested connection's share of the two
-//! goodputs, their total against the path's ceiling, and the tested one's share relative to
-//! a fair half ("1.33×" is a third more than half).
+//! path of the utilization experiment (or the queue given by `--buffer`). Reported: the tested
+//! connection's share of the two goodputs, their total against the path's ceiling, and the
+//! tested one's share relative to a fair half ("1.33×" is a third more than half).
 
 use std::time::Duration;
 
