@@ -9,6 +9,7 @@ pub mod desync;
 pub mod doctor;
 pub mod estimate;
 pub mod models;
+pub mod notsent;
 pub mod online;
 #[cfg(test)]
 mod pathsim;
