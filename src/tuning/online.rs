@@ -545,6 +545,9 @@ impl OnlineTuner {
         if !self.report.lossy && self.below_cap_losses.len() >= LOSSY_LOSSES {
             self.report.lossy = true;
             self.rate = None;
+            // Removing the caps is a change: a channel count judged against goodput measured
+            // under the caps (or during the meter) is judged against another transfer.
+            self.last_change = t;
             let mut why =
                 "losses while the channels sent below the path's rate: random loss, caps removed"
                     .to_string();
@@ -567,6 +570,13 @@ impl OnlineTuner {
         actions.extend(self.reshare(est, t, round));
         let epoch = EPOCH_MIN_S.max(16.0 * round);
         if t - self.last_change < epoch {
+            return actions;
+        }
+        // Through random loss, channels added reach their share slowly and the goodput is
+        // noisy: their gain is judged over the epoch after the one they started in. Judged
+        // over the first, two channels added to four at 60 ms and 0.1 % loss showed +2 %,
+        // the count froze at 6, and a copy moved 44–52 Mbit/s where 19 channels moved 124.
+        if self.growth.is_some() && self.report.lossy && t - self.last_change < 2.0 * epoch {
             return actions;
         }
         if let Some(g) = self.growth.take() {
