@@ -459,7 +459,8 @@ struct BenchArgs {
     /// Amount of data to move (e.g. 10G).
     #[arg(long, value_name = "SIZE", value_parser = units::parse_size, conflicts_with = "time")]
     size: Option<u64>,
-    /// Seconds to run (default 10 when --size is not given).
+    /// Seconds to run (default 10 when --size is not given). Timed, the data goes in 64 KiB
+    /// blocks unless --block-size says otherwise, so a slow path ends close to the time.
     #[arg(long, value_name = "SECS")]
     time: Option<f64>,
     /// Server sends, client receives (default: client sends).
@@ -710,7 +711,10 @@ async fn bench(a: BenchArgs) -> anyhow::Result<bool> {
         .trim_start_matches('[')
         .trim_end_matches(']')
         .to_string();
-    let (opts, profiled) = a.transfer.settled(&host, way, None).await?;
+    let (mut opts, profiled) = a.transfer.settled(&host, way, None).await?;
+    if a.transfer.block_size.is_none() && matches!(amount, BenchAmount::Seconds(_)) {
+        opts.block_size = hsxfer::tuning::defaults::TIMED_BENCH_BLOCK;
+    }
     output::start(mode, "bench", &a.host, opts.channels, opts.block_size);
     let live = Arc::new(LiveStats::new(opts.channels as usize));
     let client = Client::new(&a.host, opts);

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::Args;
 use hsxfer::channels::control::Policy;
-use hsxfer::probe::{probe, Direction, ProbeOptions, ProbeReport, ProbeStep};
+use hsxfer::probe::{probe, random_loss, Direction, ProbeOptions, ProbeReport, ProbeStep};
 use hsxfer::DEFAULT_PORT;
 use serde_json::json;
 
@@ -79,9 +79,12 @@ pub async fn run(a: ProbeArgs) -> anyhow::Result<bool> {
                         rtt.as_secs_f64() * 1e3
                     )
                 }
-                ProbeStep::Path { rate_bps } => eprintln!(
+                ProbeStep::Path {
+                    rate_bps,
+                    random_loss,
+                } => eprintln!(
                     "probe: bottleneck {}, trying configurations …",
-                    rate_bps.map_or("not reached".into(), |r| fmt_rate(r as f64))
+                    bottleneck(*rate_bps, *random_loss)
                 ),
                 ProbeStep::Trial {
                     config,
@@ -135,12 +138,25 @@ pub fn print_probe(mode: Mode, host: &str, r: &ProbeReport, saved: Option<&PathB
     }
 }
 
+/// The bottleneck rate as measured; through random loss the first trial's channels were held
+/// below the path's rate, so what they reached is only a floor.
+fn bottleneck(rate_bps: Option<u64>, random_loss: bool) -> String {
+    match rate_bps {
+        None => "not reached".into(),
+        Some(b) if random_loss => format!(
+            "at least {} (random loss held the channels back)",
+            fmt_rate(b as f64)
+        ),
+        Some(b) => fmt_rate(b as f64),
+    }
+}
+
 fn human(host: &str, r: &ProbeReport, saved: Option<&PathBuf>) {
     println!(
         "path to {host} ({}): rtt {:.2} ms, bottleneck {}, queue {}, random loss {:.3} %, up to {} in flight per socket",
         r.direction.as_str(),
         r.rtt_ms,
-        r.rate_bps.map_or("not reached".into(), |b| fmt_rate(b as f64)),
+        bottleneck(r.rate_bps, random_loss(r.loss)),
         r.queue_packets
             .map_or("unknown".into(), |q| format!("~{q:.0} packets")),
         r.loss * 100.0,

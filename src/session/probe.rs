@@ -31,6 +31,7 @@ use crate::fsio::profiles::{ProfileError, ProfileStore};
 use crate::transport::mptcp::MAX_EXTRA_SUBFLOWS;
 use crate::transport::Transport;
 use crate::tuning::bdp::WIRE_OVERHEAD;
+use crate::tuning::defaults;
 use crate::tuning::desync::{PaceChoice, StaggerChoice};
 use crate::tuning::probe::{
     candidates, rank, Config, Direction, PathFacts, PathProfile, Ranked, Recommendation, Trial,
@@ -72,6 +73,9 @@ pub enum ProbeStep {
     Path {
         /// Bottleneck goodput rate, bits/s, when measured.
         rate_bps: Option<u64>,
+        /// Whether the first trial lost segments while paced below that rate: the rate is
+        /// then what its channels reached, and the path's may be higher.
+        random_loss: bool,
     },
     /// A trial finished.
     Trial {
@@ -301,6 +305,7 @@ pub async fn probe(
         host: host.to_string(),
         base: TransferOptions {
             rtt: Some(rtt),
+            block_size: defaults::TIMED_BENCH_BLOCK,
             ..base
         },
         direction: opts.direction,
@@ -323,9 +328,6 @@ pub async fn probe(
         .rate_bps
         .filter(|_| tuner.meter == Some(MeterEnd::Full))
         .map(|b| b as f64 / 8.0);
-    progress(&ProbeStep::Path {
-        rate_bps: rate.map(|r| (r * 8.0) as u64),
-    });
     let mss = first.mss;
     let window_limited = tuner.meter == Some(MeterEnd::WindowLimited);
     let path = PathFacts {
@@ -345,6 +347,10 @@ pub async fn probe(
         window_max,
         mss,
     };
+    progress(&ProbeStep::Path {
+        rate_bps: rate.map(|r| (r * 8.0) as u64),
+        random_loss: path.lossy(),
+    });
     let usable = |cc: &str| sender.usable(cc);
     let mut pool = candidates(&path, &usable, &sender.cc_default, opts.policy);
     if opts.mptcp {

@@ -137,10 +137,13 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
         let period = self.forward_telemetry.unwrap_or(Duration::from_secs(3600));
         let mut report = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         loop {
-            let rate = self.live.total() as f64 / self.live.elapsed().max(1e-3);
-            while let Some((entries, last)) =
-                self.source.next_chunk(planner.unfinished() as u64, rate)
-            {
+            let written = self.live.total();
+            let rate = written as f64 / self.live.elapsed().max(1e-3);
+            while let Some((entries, last)) = self.source.next_chunk(
+                planner.unfinished() as u64,
+                self.live.expected().saturating_sub(written),
+                rate,
+            ) {
                 for e in &entries {
                     if let EntryKind::File { size } = e.kind {
                         announced += 1;
