@@ -112,6 +112,11 @@ impl Lab {
         if !spec.extra.iter().any(|a| a == "--pace") {
             c.args(["--pace", "off"]);
         }
+        // A copy's blocks, not a timed bench's 64 KiB: the flows stand for copies, and the
+        // results stay comparable with the runs before timed benches changed.
+        if !spec.extra.iter().any(|a| a == "--block-size") {
+            c.args(["--block-size", "4M"]);
+        }
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let trace = spec.trace.clone().unwrap_or_else(|| {
             let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
