@@ -346,14 +346,14 @@ mod tests {
         let mut sockets = vec![Some(Watched::new(fd))];
         let read = |s: &[Option<Watched>]| lowat(&s[0].as_ref().unwrap().fd);
 
-        // 1 MB/s: the floor.
-        fit_notsent(&mut sockets, &reading(1_000_000));
+        // 100 kB/s: the floor.
+        fit_notsent(&mut sockets, &reading(100_000));
         assert_eq!(read(&sockets), MIN_NOTSENT);
         // 1.5× the floor's rate is not worth a system call.
-        fit_notsent(&mut sockets, &reading(3_900_000));
+        fit_notsent(&mut sockets, &reading(390_000));
         assert_eq!(read(&sockets), MIN_NOTSENT);
-        // 20 MB/s: 1 MB (50 ms of it).
-        fit_notsent(&mut sockets, &reading(20_000_000));
+        // 2 MB/s: 1 MB (half a second of it).
+        fit_notsent(&mut sockets, &reading(2_000_000));
         assert_eq!(read(&sockets), 1_000_000);
         // 10 GB/s: back to the most.
         fit_notsent(&mut sockets, &reading(10_000_000_000));
