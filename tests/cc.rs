@@ -259,18 +259,22 @@ fn each_bundled_cc_fills_a_bottleneck_ten_times_and_cuts_as_its_model() {
         env("HSXFER_CC_CHANNELS", 2) as u16,
     );
     let mut report = Vec::new();
+    // Runs below the bound on a path the delay element did not emulate faithfully (it woke
+    // late on a busy host and released bursts), run again: at most this many in the test.
+    // Every run's guard checks count, re-run or not.
+    const MAX_RERUNS: usize = 5;
+    let mut reruns = Vec::new();
     for cc in BUNDLED.iter().map(|b| b.name) {
         let mut goodputs = Vec::new();
         let mut ratios: Vec<(f64, f64, f64)> = Vec::new();
-        for run_no in 0..runs {
+        let mut run_no = 0;
+        while run_no < runs {
             let r = run(&lab, cc, channels, 2.0);
             assert_eq!(
                 r.channel_ccs(),
                 vec![cc.to_string(); channels as usize],
                 "run {run_no}"
             );
-            let goodput = r.summary.goodput_bps;
-            goodputs.push(goodput);
             let max_cwnd = r.trace.iter().map(|t| t.cwnd).max().unwrap_or(0);
             assert!(
                 (max_cwnd as f64) < 20.0 * bdp_packets,
@@ -291,16 +295,31 @@ fn each_bundled_cc_fills_a_bottleneck_ten_times_and_cuts_as_its_model() {
                 "{cc} run {run_no}: ssthresh {max_ssthresh} seen (BDP {bdp_packets:.0} packets); guard {}",
                 listed(cc)["stats"]
             );
+            let goodput = r.summary.goodput_bps;
+            let late = r
+                .late_share
+                .map_or("unknown".into(), |s| format!("{:.1} %", s * 100.0));
+            if goodput < 0.80 * rate && !r.path_faithful() && reruns.len() < MAX_RERUNS {
+                let why = format!(
+                    "{cc} run {run_no}: {:.1} Mbit/s with {late} of the releases over 1 ms late",
+                    goodput / 1e6
+                );
+                eprintln!("{why}: not the path built, run again");
+                reruns.push(why);
+                continue;
+            }
             assert!(
                 goodput >= 0.80 * rate,
-                "{cc} run {run_no}: {:.1} Mbit/s < 80 % of the bottleneck",
+                "{cc} run {run_no}: {:.1} Mbit/s < 80 % of the bottleneck ({late} of the delay element's releases over 1 ms late; run again before: {reruns:?})",
                 goodput / 1e6
             );
+            goodputs.push(goodput);
             for red in reductions(&r.trace, channels as usize) {
                 if let Some((want, tol)) = expected_ratio(cc, &red) {
                     ratios.push((red.ratio(), want, tol));
                 }
             }
+            run_no += 1;
         }
         // Model against the real program: the median error of ssthresh / cwnd after a loss.
         if !ratios.is_empty() {
@@ -348,6 +367,10 @@ fn each_bundled_cc_fills_a_bottleneck_ten_times_and_cuts_as_its_model() {
         ));
     }
     eprintln!("{}", report.join("\n"));
+    eprintln!(
+        "run again ({} of at most {MAX_RERUNS}): {reruns:?}",
+        reruns.len()
+    );
     assert!(hsxfer(&["cc", "unload", "all"]).status.success());
 }
 

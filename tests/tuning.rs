@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use common::netns::root_or_skip;
 use common::random_file;
+use hsxfer::lab::element::FAITHFUL_LATE_SHARE;
 use hsxfer::lab::{Host, Lab, LabSpec, QueueSize};
 use serde_json::Value;
 
@@ -110,21 +111,46 @@ fn a_probe_measures_a_tiny_queue_path_and_its_profile_makes_a_plain_copy_fast() 
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("data");
     random_file(&file, 200 << 20, 7);
-    let copy = last_json(&on_sender(
-        &lab,
-        &[
-            "copy",
-            "--json",
-            "--token-file",
-            &token,
-            file.to_str().unwrap(),
-            &format!("{server}:data"),
-        ],
-    ));
-    let origin = copy["tuning"]["origin"].to_string();
-    assert!(origin.contains("profile (probe"), "{origin}");
-    assert!(copy["verified"].as_bool().unwrap());
-    let tuned = copy["goodput_bps"].as_f64().unwrap();
+    // A copy below the bound on a path the delay element did not emulate faithfully (it
+    // woke late on a busy host and released bursts into the 16 packets) runs again, to a new
+    // name, at most twice; the bound is then judged on the last copy.
+    let mut reruns = Vec::new();
+    let tuned = loop {
+        let before = lab.releases();
+        let copy = last_json(&on_sender(
+            &lab,
+            &[
+                "copy",
+                "--json",
+                "--token-file",
+                &token,
+                file.to_str().unwrap(),
+                &format!("{server}:data{}", reruns.len()),
+            ],
+        ));
+        let late = lab
+            .releases()
+            .zip(before)
+            .and_then(|(after, before)| after.late_share_since(&before));
+        let origin = copy["tuning"]["origin"].to_string();
+        assert!(origin.contains("profile (probe"), "{origin}");
+        assert!(copy["verified"].as_bool().unwrap());
+        let tuned = copy["goodput_bps"].as_f64().unwrap();
+        let faithful = late.is_none_or(|s| s <= FAITHFUL_LATE_SHARE);
+        if tuned >= 0.85 * ceiling || faithful || reruns.len() == 2 {
+            eprintln!("copy's releases over 1 ms late: {late:?}; run again before: {reruns:?}");
+            break tuned;
+        }
+        reruns.push(format!(
+            "{:.1} Mbit/s with {:.1} % of the releases over 1 ms late",
+            tuned / 1e6,
+            late.unwrap_or(0.0) * 100.0
+        ));
+        eprintln!(
+            "tuned copy: {}: not the path built, run again",
+            reruns[reruns.len() - 1]
+        );
+    };
 
     // Unpaced cubic, as other tools run it, in the same test.
     let plain = last_json(&on_sender(
@@ -155,7 +181,7 @@ fn a_probe_measures_a_tiny_queue_path_and_its_profile_makes_a_plain_copy_fast() 
     );
     assert!(
         tuned >= 0.85 * ceiling,
-        "a plain copy after the probe: {:.1} Mbit/s of {:.1}",
+        "a plain copy after the probe: {:.1} Mbit/s of {:.1} (run again before: {reruns:?})",
         tuned / 1e6,
         ceiling / 1e6
     );

@@ -55,6 +55,44 @@ pub struct ElementStats {
     pub busy_max_us: u64,
 }
 
+/// Releases later than this were not the delay the lab was built with: 10 % of a 10 ms
+/// round trip, and packets held back that long leave together as a burst.
+pub const LATE_US: u64 = 1000;
+/// The most releases later than [`LATE_US`] a faithfully emulated stretch may have: a p99
+/// lateness within 1 ms, as the self-check's clean runs had (0.15–0.64 ms, DESIGN.md §5).
+pub const FAITHFUL_LATE_SHARE: f64 = 0.01;
+
+/// The delay element's release counts at one moment, to judge a stretch of time by: a busy
+/// host can wake the element late, and the packets it then releases together overflow a
+/// small bottleneck queue that the path as built would not have overflowed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Releases {
+    /// Packets released so far, all queues.
+    pub released: u64,
+    /// Of them, released more than [`LATE_US`] late.
+    pub late: u64,
+}
+
+impl Releases {
+    /// The counts in a statistics file's content.
+    pub fn of(stats: &ElementStats) -> Releases {
+        stats
+            .queues
+            .iter()
+            .fold(Releases::default(), |r, q| Releases {
+                released: r.released + q.released,
+                late: r.late + q.late_over_1ms,
+            })
+    }
+
+    /// The share of the releases since `before` that came late; `None` if none were released.
+    pub fn late_share_since(&self, before: &Releases) -> Option<f64> {
+        let released = self.released.checked_sub(before.released)?;
+        let late = self.late.saturating_sub(before.late);
+        (released > 0).then(|| late as f64 / released as f64)
+    }
+}
+
 static STOP: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(_: libc::c_int) {
@@ -230,4 +268,29 @@ fn publish(path: &Path, stats: &ElementStats) {
 /// Reads the statistics an element published.
 pub fn read_stats(path: &Path) -> Option<ElementStats> {
     serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stretchs_late_share_counts_only_its_own_releases_over_all_queues() {
+        let line = |released, late_over_1ms| LineStats {
+            released,
+            late_over_1ms,
+            ..LineStats::default()
+        };
+        let at = |lines: Vec<LineStats>| {
+            Releases::of(&ElementStats {
+                queues: lines,
+                ..ElementStats::default()
+            })
+        };
+        let before = at(vec![line(1000, 500), line(0, 0)]);
+        let after = at(vec![line(1900, 510), line(100, 0)]);
+        assert_eq!(after.late_share_since(&before), Some(0.01));
+        assert_eq!(before.late_share_since(&before), None, "nothing released");
+        assert_eq!(before.late_share_since(&after), None, "a restarted element");
+    }
 }

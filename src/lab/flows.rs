@@ -7,6 +7,7 @@ use std::process::{Child, Stdio};
 use std::time::Instant;
 
 use super::config::Host;
+use super::element::{Releases, FAITHFUL_LATE_SHARE};
 use super::topology::{Lab, SERVER_PORT};
 use super::LabError;
 use crate::session::events::Event;
@@ -52,6 +53,9 @@ pub struct RunningFlow {
     output: [std::thread::JoinHandle<Vec<u8>>; 2],
     spec: FlowSpec,
     trace: PathBuf,
+    /// The delay element's statistics file, and its counts when the flow started.
+    element_stats: PathBuf,
+    releases: Option<Releases>,
     /// When it was started.
     pub started: Instant,
 }
@@ -87,12 +91,16 @@ pub struct FlowResult {
     /// The 10 ms `TCP_INFO` trace of every channel (goodput is measured from it: what the
     /// receiver acknowledged, timed when sampled).
     pub trace: Vec<TraceRow>,
+    /// The share of the delay element's releases while it ran that came more than 1 ms late
+    /// (to within the element's 500 ms publishing period; `None` without its statistics).
+    pub late_share: Option<f64>,
 }
 
 impl Lab {
     /// Starts `bench` from `spec.from` to the lab's server.
     pub fn start_flow(&self, spec: &FlowSpec) -> Result<RunningFlow, LabError> {
         self.check_host(spec.from)?;
+        let releases = self.releases();
         let mut c = self.hsxfer(spec.from);
         c.arg("bench")
             .arg(Host::Receiver.addr().to_string())
@@ -137,6 +145,8 @@ impl Lab {
             output,
             spec: spec.clone(),
             trace,
+            element_stats: self.element_stats_path(),
+            releases,
             started: Instant::now(),
         })
     }
@@ -195,15 +205,27 @@ impl RunningFlow {
         if self.spec.trace.is_none() {
             let _ = std::fs::remove_file(&self.trace);
         }
+        let after = super::element::read_stats(&self.element_stats).map(|s| Releases::of(&s));
+        let late_share = after
+            .zip(self.releases)
+            .and_then(|(after, before)| after.late_share_since(&before));
         Ok(FlowResult {
             spec: self.spec,
             summary,
             trace: parse_trace(&csv?),
+            late_share,
         })
     }
 }
 
 impl FlowResult {
+    /// Whether the path it ran on was the one built: at most [`FAITHFUL_LATE_SHARE`] of the
+    /// delay element's releases more than 1 ms late. Unknown counts as faithful, so that a
+    /// bound is never excused for want of statistics.
+    pub fn path_faithful(&self) -> bool {
+        self.late_share.is_none_or(|s| s <= FAITHFUL_LATE_SHARE)
+    }
+
     /// When the flow first ran in congestion avoidance with a window of at least `window`
     /// segments: the earliest sample of any channel in the Open state, out of slow start
     /// (cwnd ≥ ssthresh) with cwnd ≥ `window`. A loss-based flow reaches the steady state its
@@ -371,6 +393,7 @@ mod tests {
                 row(0.5, 500, 150, 0),
                 row(0.6, 520, 150, 0),
             ],
+            late_share: None,
         };
         assert_eq!(r.ramped_up_at(500), Some(0.5));
         assert_eq!(r.ramped_up_at(600), None);
@@ -402,6 +425,7 @@ mod tests {
                 row(2.0, 0, 2000),
                 row(2.0, 1, 1000),
             ],
+            late_share: None,
         };
         assert_eq!(r.goodput_after(1.0), 1500.0 * 8.0);
         assert_eq!(

@@ -321,6 +321,11 @@ impl Lab {
         self.dir.join("delay.json")
     }
 
+    /// The delay element's release counts as last published (every 500 ms), if it runs.
+    pub fn releases(&self) -> Option<element::Releases> {
+        element::read_stats(&self.element_stats_path()).map(|s| element::Releases::of(&s))
+    }
+
     fn ns(&self, host: Host) -> String {
         self.spec().namespace(host)
     }
