@@ -17,13 +17,12 @@ use std::time::Instant;
 use tokio::sync::{mpsc, watch};
 
 use super::report::LiveStats;
-use super::subflow_rows::{per_channel, read_sockets, Row, Rows, Watched};
+use super::subflow_rows::{per_channel, read_sockets, Rows, Watched};
 use super::telemetry::SAMPLE_PERIOD;
 use crate::channels::telemetry::{Sample, TunerReport};
 use crate::transport::cc::{congestion, set_congestion};
-use crate::transport::tcp::{set_max_pacing_rate, set_notsent_lowat, PACING_UNCAPPED};
+use crate::transport::tcp::{set_max_pacing_rate, PACING_UNCAPPED};
 use crate::tuning::estimate::PathEstimator;
-use crate::tuning::notsent::{notsent_lowat, worth_changing};
 use crate::tuning::online::{Action, OnlineTuner};
 
 /// Samples between two reads of the DMCTCP group's counters (a tenth of a second).
@@ -186,10 +185,8 @@ fn run(s: &Shared) {
         }
         let t = s.live.elapsed();
         let (readings, channels) = {
-            let mut sockets = s.sockets.lock().expect("sampler sockets lock");
-            let readings = read_sockets(&sockets);
-            fit_notsent(&mut sockets, &readings);
-            (readings, sockets.len())
+            let sockets = s.sockets.lock().expect("sampler sockets lock");
+            (read_sockets(&sockets), sockets.len())
         };
         let rows = placed.place(readings, channels, &s.live.telemetry, t);
         ticks += 1;
@@ -216,24 +213,6 @@ fn run(s: &Shared) {
                 carry_out(s, o, actions, &mut placed);
                 s.live.telemetry.set_tuner(o.ctl.tuner.report().clone());
             }
-        }
-    }
-}
-
-/// Sets each TCP channel's unsent queue to what its delivery rate needs (see
-/// [`crate::tuning::notsent`]); an MPTCP connection keeps the fixed one.
-fn fit_notsent(sockets: &mut [Option<Watched>], readings: &[Row]) {
-    for r in readings.iter().filter(|r| r.subflow.is_none()) {
-        let Some(Some(w)) = sockets.get_mut(r.channel) else {
-            continue;
-        };
-        let target = notsent_lowat(r.tcp.delivery_rate);
-        if w.mptcp || !worth_changing(w.notsent_lowat, target) {
-            continue;
-        }
-        match set_notsent_lowat(&w.fd, target) {
-            Ok(()) => w.notsent_lowat = target,
-            Err(e) => tracing::debug!("setting TCP_NOTSENT_LOWAT of channel {}: {e}", r.channel),
         }
     }
 }
@@ -296,67 +275,5 @@ fn apply_cc(live: &LiveStats, rows: &[usize], fd: &OwnedFd, name: &str) {
         for r in rows {
             live.telemetry.set_cc(*r, now.clone());
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::net::{TcpListener, TcpStream};
-    use std::os::fd::{AsRawFd, OwnedFd};
-
-    use super::*;
-    use crate::channels::telemetry::TcpSample;
-    use crate::transport::tcp::NOTSENT_LOWAT;
-    use crate::tuning::notsent::MIN_NOTSENT;
-
-    fn lowat(fd: &OwnedFd) -> u32 {
-        let mut v: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: a live c_int and its exact size.
-        let rc = unsafe {
-            libc::getsockopt(
-                fd.as_raw_fd(),
-                libc::IPPROTO_TCP,
-                libc::TCP_NOTSENT_LOWAT,
-                &mut v as *mut libc::c_int as *mut libc::c_void,
-                &mut len,
-            )
-        };
-        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
-        v as u32
-    }
-
-    fn reading(delivery_rate: u64) -> Vec<Row> {
-        vec![Row {
-            channel: 0,
-            tcp: TcpSample {
-                delivery_rate,
-                ..Default::default()
-            },
-            subflow: None,
-        }]
-    }
-
-    #[test]
-    fn a_sockets_unsent_queue_follows_its_delivery_rate() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let stream = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let fd = OwnedFd::from(stream);
-        set_notsent_lowat(&fd, NOTSENT_LOWAT).unwrap();
-        let mut sockets = vec![Some(Watched::new(fd))];
-        let read = |s: &[Option<Watched>]| lowat(&s[0].as_ref().unwrap().fd);
-
-        // 100 kB/s: the floor.
-        fit_notsent(&mut sockets, &reading(100_000));
-        assert_eq!(read(&sockets), MIN_NOTSENT);
-        // 1.5× the floor's rate is not worth a system call.
-        fit_notsent(&mut sockets, &reading(390_000));
-        assert_eq!(read(&sockets), MIN_NOTSENT);
-        // 2 MB/s: 1 MB (half a second of it).
-        fit_notsent(&mut sockets, &reading(2_000_000));
-        assert_eq!(read(&sockets), 1_000_000);
-        // 10 GB/s: back to the most.
-        fit_notsent(&mut sockets, &reading(10_000_000_000));
-        assert_eq!(read(&sockets), NOTSENT_LOWAT);
     }
 }

@@ -14,7 +14,6 @@ use super::telemetry::Telemetry;
 use crate::channels::telemetry::{ChannelSetup, TcpSample};
 use crate::transport::mptcp::{self, Subflow};
 use crate::transport::sock_diag::Diag;
-use crate::transport::tcp::NOTSENT_LOWAT;
 use crate::transport::tcp_info::tcp_info;
 
 /// One reading of a channel, or of one subflow of an MPTCP channel.
@@ -32,18 +31,12 @@ pub(super) struct Row {
 pub(super) struct Watched {
     pub(super) fd: OwnedFd,
     pub(super) mptcp: bool,
-    /// The `TCP_NOTSENT_LOWAT` last set on it.
-    pub(super) notsent_lowat: u32,
 }
 
 impl Watched {
     pub(super) fn new(fd: OwnedFd) -> Watched {
         let mptcp = mptcp::is_mptcp(&fd);
-        Watched {
-            fd,
-            mptcp,
-            notsent_lowat: NOTSENT_LOWAT,
-        }
+        Watched { fd, mptcp }
     }
 }
 
@@ -53,7 +46,7 @@ impl Watched {
 pub(super) fn read_sockets(sockets: &[Option<Watched>]) -> Vec<Row> {
     let mut rows = Vec::with_capacity(sockets.len());
     for (channel, w) in sockets.iter().enumerate() {
-        let Some(Watched { fd, mptcp, .. }) = w else {
+        let Some(Watched { fd, mptcp }) = w else {
             continue;
         };
         if *mptcp {

@@ -9,7 +9,6 @@ pub mod desync;
 pub mod doctor;
 pub mod estimate;
 pub mod models;
-pub mod notsent;
 pub mod online;
 #[cfg(test)]
 mod pathsim;

@@ -111,9 +111,6 @@ const WINDOW_LIMITED: f64 = 0.3;
 /// Losses below the caps within [`LOSSY_SPAN_S`] that mark a path lossy (random loss).
 const LOSSY_LOSSES: usize = 3;
 const LOSSY_SPAN_S: f64 = 5.0;
-/// An estimate cut by losses at the caps below this share of the rate last measured marks
-/// the path lossy.
-const LOSSY_CUT_SHARE: f64 = 0.7;
 /// Seconds after a change (the meter's end, added channels) before a loss below the caps
 /// can count as random: channels still ramping up send below their caps.
 const SETTLE_S: f64 = 2.0;
@@ -545,19 +542,15 @@ impl OnlineTuner {
             self.control_rate(est, tick, round);
         }
         self.below_cap_losses.retain(|at| t - at <= LOSSY_SPAN_S);
-        let below = self.below_cap_losses.len() >= LOSSY_LOSSES;
-        if !self.report.lossy && (below || self.cut_far_below_measured()) {
+        if !self.report.lossy && self.below_cap_losses.len() >= LOSSY_LOSSES {
             self.report.lossy = true;
             self.rate = None;
             // Removing the caps is a change: a channel count judged against goodput measured
             // under the caps (or during the meter) is judged against another transfer.
             self.last_change = t;
-            let mut why = if below {
+            let mut why =
                 "losses while the channels sent below the path's rate: random loss, caps removed"
-            } else {
-                "losses kept coming with the caps far below the measured rate: random loss, caps removed"
-            }
-            .to_string();
+                    .to_string();
             if self.cfg.pace {
                 actions.extend(self.pace_all());
             }
@@ -656,21 +649,6 @@ impl OnlineTuner {
             actions.extend(self.pace_all());
         }
         actions
-    }
-
-    /// Whether losses at the caps cut the estimate below [`LOSSY_CUT_SHARE`] of the rate last
-    /// measured (or given): the losses of congestion stop once the caps are a little below the
-    /// bottleneck; these did not, so the path drops packets at any rate. Through 0.1 %
-    /// random loss a meter that read 12.8 Mbit/s was cut down to 1.3 Mbit/s per channel,
-    /// and a 2 GiB copy would have run for an hour.
-    fn cut_far_below_measured(&self) -> bool {
-        let measured = (self.report.measured_bps)
-            .map(|bps| bps as f64 / 8.0)
-            .or(self.cfg.known_rate);
-        match (self.rate, measured) {
-            (Some(r), Some(m)) => r < LOSSY_CUT_SHARE * m,
-            _ => false,
-        }
     }
 
     fn pace_all(&mut self) -> Vec<Action> {
@@ -984,29 +962,6 @@ mod tests {
         assert!(r.channel_changes() <= 7, "{:?}", r.channels);
         assert!(r.tuner.report().lossy);
         assert!(r.mean(50, 60) >= r.mean(5, 10), "{:?}", r.per_second);
-    }
-
-    #[test]
-    fn caps_cut_by_random_loss_far_below_the_rate_come_off() {
-        // A rate of 32 Mbit/s measured through 0.1 % loss, 16 channels: each channel's cap
-        // (2 Mbit/s) is far below what the loss allows it (about 7.5, and half that just
-        // after a loss), so every loss comes at the caps, and one channel's cut leaves the
-        // sum there too. Taken for congestion, the losses would cut the estimate for ever.
-        let path = Path {
-            rate: GBIT,
-            rtt: 0.06,
-            buffer: GBIT * 0.06,
-            loss: 1e-3,
-            window_cap: f64::INFINITY,
-        };
-        let known = 32e6 / 8.0;
-        let r = run(path, config(16, 32, Some(known)), 60);
-        let rep = r.tuner.report();
-        assert!(rep.lossy, "{rep:?}");
-        assert!(r.channels.last() > Some(&16), "{:?}", r.channels);
-        // Within seconds, not once a late loss happens to come below the caps (47.7 s in
-        // this run when only that counted).
-        assert!(r.mean(20, 30) > 1.5 * known, "{:?} {rep:?}", r.per_second);
     }
 
     #[test]
