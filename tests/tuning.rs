@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::netns::root_or_skip;
 use common::random_file;
-use hsxfer::lab::element::FAITHFUL_LATE_SHARE;
+use hsxfer::lab::element::faithful;
 use hsxfer::lab::{Host, Lab, LabSpec, QueueSize};
 use serde_json::Value;
 
@@ -64,6 +64,25 @@ fn token(lab: &Lab) -> String {
     lab.state.token_file.to_str().unwrap().to_string()
 }
 
+/// Runs `f` and the share of the delay element's releases meanwhile that came more than
+/// 1 ms late (its statistics are published every 500 ms, so they are read once more after).
+fn with_late_share<T>(lab: &Lab, f: impl FnOnce() -> T) -> (T, Option<f64>) {
+    let before = lab.releases();
+    let out = f();
+    std::thread::sleep(Duration::from_millis(600));
+    let late = lab
+        .releases()
+        .zip(before)
+        .and_then(|(after, before)| after.late_share_since(&before));
+    (out, late)
+}
+
+fn late_text(late: Option<f64>) -> String {
+    late.map_or("releases not counted".into(), |s| {
+        format!("{:.1} % of the releases over 1 ms late", s * 100.0)
+    })
+}
+
 #[test]
 fn a_probe_measures_a_tiny_queue_path_and_its_profile_makes_a_plain_copy_fast() {
     if !root_or_skip("probe and profile") {
@@ -83,21 +102,40 @@ fn a_probe_measures_a_tiny_queue_path_and_its_profile_makes_a_plain_copy_fast() 
     let token = token(&lab);
     let ceiling = spec.goodput_ceiling_bps();
 
-    let probe = last_json(&on_sender(
-        &lab,
-        &["probe", "--json", "--token-file", &token, &server],
-    ));
-    eprintln!("probe: {probe}");
-    assert_eq!(probe["type"], "probe");
-    let rate = probe["rate_bps"]
-        .as_f64()
-        .expect("the probe measured a rate");
-    assert!(
-        (rate / ceiling - 1.0).abs() <= 0.10,
-        "probe rate {:.1} Mbit/s, goodput ceiling {:.1}",
-        rate / 1e6,
-        ceiling / 1e6
-    );
+    // A run that misses its bound on a path the delay element did not emulate faithfully
+    // (it woke late on a busy host and released bursts into the 16 packets) runs again, at
+    // most twice each for the probe and the copy; the bound is judged on the last run.
+    let mut reruns: Vec<String> = Vec::new();
+    let probe = loop {
+        let (probe, late) = with_late_share(&lab, || {
+            last_json(&on_sender(
+                &lab,
+                &["probe", "--json", "--token-file", &token, &server],
+            ))
+        });
+        eprintln!("probe: {probe}");
+        assert_eq!(probe["type"], "probe");
+        let rate = probe["rate_bps"]
+            .as_f64()
+            .expect("the probe measured a rate");
+        let met = (rate / ceiling - 1.0).abs() <= 0.10;
+        if !met && !faithful(late) && reruns.len() < 2 {
+            reruns.push(format!(
+                "probe rate {:.1} Mbit/s, {}",
+                rate / 1e6,
+                late_text(late)
+            ));
+            continue;
+        }
+        assert!(
+            met,
+            "probe rate {:.1} Mbit/s, goodput ceiling {:.1}, {} (run again before: {reruns:?})",
+            rate / 1e6,
+            ceiling / 1e6,
+            late_text(late)
+        );
+        break probe;
+    };
     let rtt = probe["rtt_ms"].as_f64().unwrap();
     assert!((rtt / 40.0 - 1.0).abs() <= 0.05, "probe RTT {rtt} ms");
     assert!(
@@ -111,45 +149,38 @@ fn a_probe_measures_a_tiny_queue_path_and_its_profile_makes_a_plain_copy_fast() 
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("data");
     random_file(&file, 200 << 20, 7);
-    // A copy below the bound on a path the delay element did not emulate faithfully (it
-    // woke late on a busy host and released bursts into the 16 packets) runs again, to a new
-    // name, at most twice; the bound is then judged on the last copy.
-    let mut reruns = Vec::new();
+    let probe_reruns = reruns.len();
     let tuned = loop {
-        let before = lab.releases();
-        let copy = last_json(&on_sender(
-            &lab,
-            &[
-                "copy",
-                "--json",
-                "--token-file",
-                &token,
-                file.to_str().unwrap(),
-                &format!("{server}:data{}", reruns.len()),
-            ],
-        ));
-        let late = lab
-            .releases()
-            .zip(before)
-            .and_then(|(after, before)| after.late_share_since(&before));
+        let (copy, late) = with_late_share(&lab, || {
+            last_json(&on_sender(
+                &lab,
+                &[
+                    "copy",
+                    "--json",
+                    "--token-file",
+                    &token,
+                    file.to_str().unwrap(),
+                    &format!("{server}:data{}", reruns.len()),
+                ],
+            ))
+        });
         let origin = copy["tuning"]["origin"].to_string();
         assert!(origin.contains("profile (probe"), "{origin}");
         assert!(copy["verified"].as_bool().unwrap());
         let tuned = copy["goodput_bps"].as_f64().unwrap();
-        let faithful = late.is_none_or(|s| s <= FAITHFUL_LATE_SHARE);
-        if tuned >= 0.85 * ceiling || faithful || reruns.len() == 2 {
-            eprintln!("copy's releases over 1 ms late: {late:?}; run again before: {reruns:?}");
-            break tuned;
+        if tuned < 0.85 * ceiling && !faithful(late) && reruns.len() < probe_reruns + 2 {
+            reruns.push(format!(
+                "copy {:.1} Mbit/s, {}",
+                tuned / 1e6,
+                late_text(late)
+            ));
+            continue;
         }
-        reruns.push(format!(
-            "{:.1} Mbit/s with {:.1} % of the releases over 1 ms late",
-            tuned / 1e6,
-            late.unwrap_or(0.0) * 100.0
-        ));
         eprintln!(
-            "tuned copy: {}: not the path built, run again",
-            reruns[reruns.len() - 1]
+            "tuned copy: {}; run again before: {reruns:?}",
+            late_text(late)
         );
+        break tuned;
     };
 
     // Unpaced cubic, as other tools run it, in the same test.

@@ -55,12 +55,16 @@ pub struct ElementStats {
     pub busy_max_us: u64,
 }
 
-/// Releases later than this were not the delay the lab was built with: 10 % of a 10 ms
-/// round trip, and packets held back that long leave together as a burst.
-pub const LATE_US: u64 = 1000;
-/// The most releases later than [`LATE_US`] a faithfully emulated stretch may have: a p99
-/// lateness within 1 ms, as the self-check's clean runs had (0.15–0.64 ms, DESIGN.md §5).
+/// The most releases later than [`LATE_US`](super::delay::LATE_US) a faithfully emulated
+/// stretch may have: a p99 lateness within 1 ms, as the self-check's clean runs had
+/// (0.15–0.64 ms, DESIGN.md §5).
 pub const FAITHFUL_LATE_SHARE: f64 = 0.01;
+
+/// Whether a stretch with `late_share` of its releases late ran on the path that was built.
+/// Unknown counts as faithful, so that a bound is never excused for want of statistics.
+pub fn faithful(late_share: Option<f64>) -> bool {
+    late_share.is_none_or(|s| s <= FAITHFUL_LATE_SHARE)
+}
 
 /// The delay element's release counts at one moment, to judge a stretch of time by: a busy
 /// host can wake the element late, and the packets it then releases together overflow a
@@ -69,7 +73,7 @@ pub const FAITHFUL_LATE_SHARE: f64 = 0.01;
 pub struct Releases {
     /// Packets released so far, all queues.
     pub released: u64,
-    /// Of them, released more than [`LATE_US`] late.
+    /// Of them, released more than [`LATE_US`](super::delay::LATE_US) late.
     pub late: u64,
 }
 

@@ -7,7 +7,7 @@ use std::process::{Child, Stdio};
 use std::time::Instant;
 
 use super::config::Host;
-use super::element::{Releases, FAITHFUL_LATE_SHARE};
+use super::element::{faithful, Releases};
 use super::topology::{Lab, SERVER_PORT};
 use super::LabError;
 use crate::session::events::Event;
@@ -219,11 +219,9 @@ impl RunningFlow {
 }
 
 impl FlowResult {
-    /// Whether the path it ran on was the one built: at most [`FAITHFUL_LATE_SHARE`] of the
-    /// delay element's releases more than 1 ms late. Unknown counts as faithful, so that a
-    /// bound is never excused for want of statistics.
+    /// Whether the path it ran on was the one built (see [`faithful`]).
     pub fn path_faithful(&self) -> bool {
-        self.late_share.is_none_or(|s| s <= FAITHFUL_LATE_SHARE)
+        faithful(self.late_share)
     }
 
     /// When the flow first ran in congestion avoidance with a window of at least `window`
