@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use common::late_text;
 use common::netns::root_or_skip;
 use hsxfer::lab::experiments::analysis::{cut_events, reductions, Reduction};
 use hsxfer::lab::flows::{FlowResult, FlowSpec};
@@ -296,21 +297,16 @@ fn each_bundled_cc_fills_a_bottleneck_ten_times_and_cuts_as_its_model() {
                 listed(cc)["stats"]
             );
             let goodput = r.summary.goodput_bps;
-            let late = r
-                .late_share
-                .map_or("unknown".into(), |s| format!("{:.1} %", s * 100.0));
+            let late = late_text(r.late_share);
             if goodput < 0.80 * rate && !r.path_faithful() && reruns.len() < MAX_RERUNS {
-                let why = format!(
-                    "{cc} run {run_no}: {:.1} Mbit/s with {late} of the releases over 1 ms late",
-                    goodput / 1e6
-                );
+                let why = format!("{cc} run {run_no}: {:.1} Mbit/s with {late}", goodput / 1e6);
                 eprintln!("{why}: not the path built, run again");
                 reruns.push(why);
                 continue;
             }
             assert!(
                 goodput >= 0.80 * rate,
-                "{cc} run {run_no}: {:.1} Mbit/s < 80 % of the bottleneck ({late} of the delay element's releases over 1 ms late; run again before: {reruns:?})",
+                "{cc} run {run_no}: {:.1} Mbit/s < 80 % of the bottleneck ({late}; run again before: {reruns:?})",
                 goodput / 1e6
             );
             goodputs.push(goodput);

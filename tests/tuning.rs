@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use common::netns::root_or_skip;
-use common::random_file;
+use common::{late_text, random_file};
 use hsxfer::lab::element::faithful;
 use hsxfer::lab::{Host, Lab, LabSpec, QueueSize};
 use serde_json::Value;
@@ -75,12 +75,6 @@ fn with_late_share<T>(lab: &Lab, f: impl FnOnce() -> T) -> (T, Option<f64>) {
         .zip(before)
         .and_then(|(after, before)| after.late_share_since(&before));
     (out, late)
-}
-
-fn late_text(late: Option<f64>) -> String {
-    late.map_or("releases not counted".into(), |s| {
-        format!("{:.1} % of the releases over 1 ms late", s * 100.0)
-    })
 }
 
 #[test]

@@ -89,6 +89,11 @@ impl Releases {
             })
     }
 
+    /// The counts in the statistics file at `path`, if an element published one.
+    pub fn read(path: &Path) -> Option<Releases> {
+        read_stats(path).map(|s| Releases::of(&s))
+    }
+
     /// The share of the releases since `before` that came late; `None` if none were released.
     pub fn late_share_since(&self, before: &Releases) -> Option<f64> {
         let released = self.released.checked_sub(before.released)?;

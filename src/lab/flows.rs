@@ -205,8 +205,7 @@ impl RunningFlow {
         if self.spec.trace.is_none() {
             let _ = std::fs::remove_file(&self.trace);
         }
-        let after = super::element::read_stats(&self.element_stats).map(|s| Releases::of(&s));
-        let late_share = after
+        let late_share = Releases::read(&self.element_stats)
             .zip(self.releases)
             .and_then(|(after, before)| after.late_share_since(&before));
         Ok(FlowResult {

@@ -323,7 +323,7 @@ impl Lab {
 
     /// The delay element's release counts as last published (every 500 ms), if it runs.
     pub fn releases(&self) -> Option<element::Releases> {
-        element::read_stats(&self.element_stats_path()).map(|s| element::Releases::of(&s))
+        element::Releases::read(&self.element_stats_path())
     }
 
     fn ns(&self, host: Host) -> String {

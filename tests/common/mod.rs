@@ -286,3 +286,10 @@ pub fn limited_server(root: &Path) -> (ServerProc, u16) {
     wait_listening(port);
     (server, port)
 }
+
+/// A lab run's share of delay-element releases over 1 ms late, for failure messages.
+pub fn late_text(late: Option<f64>) -> String {
+    late.map_or("releases not counted".into(), |s| {
+        format!("{:.1} % of the releases over 1 ms late", s * 100.0)
+    })
+}
