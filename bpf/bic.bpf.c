@@ -111,14 +111,9 @@ static __always_inline void bic_cong_avoid(struct sock *sk, u32 ack, u32 acked)
 	tcp_cong_avoid_ai(tp, ca->cnt, acked);
 }
 
-SEC("struct_ops")
-u32 BPF_PROG(bic_ssthresh, struct sock *sk)
+static __always_inline u32 hsx_decide_ssthresh(struct sock *sk, u32 cwnd)
 {
 	struct bic_ca *ca = inet_csk_ca(sk);
-	u32 cwnd, s;
-
-	hsx_guard(sk, &ca->guard);
-	cwnd = tcp_sk(sk)->snd_cwnd;
 
 	/* w_max, with fast convergence: below the last maximum, give up some of it. */
 	if (cwnd < ca->last_max_cwnd)
@@ -126,10 +121,17 @@ u32 BPF_PROG(bic_ssthresh, struct sock *sk)
 	else
 		ca->last_max_cwnd = cwnd;
 	if (cwnd <= BIC_LOW_WINDOW)
-		s = max_u32(cwnd >> 1, 2);
-	else
-		s = max_u32(cwnd * BIC_BETA / BIC_BETA_SCALE, 2);
-	return hsx_ssthresh_ret(&ca->guard, s);
+		return max_u32(cwnd >> 1, 2);
+	return max_u32(cwnd * BIC_BETA / BIC_BETA_SCALE, 2);
+}
+
+SEC("struct_ops")
+u32 BPF_PROG(bic_ssthresh, struct sock *sk)
+{
+	struct bic_ca *ca = inet_csk_ca(sk);
+
+	hsx_guard(sk, &ca->guard);
+	return hsx_ssthresh_ret(&ca->guard, hsx_decide_ssthresh(sk, tcp_sk(sk)->snd_cwnd));
 }
 
 SEC("struct_ops")

@@ -298,7 +298,8 @@ void DMC_PROG(DMC(in_ack_event), struct sock *sk, u32 flags)
 	struct dmc_ca *ca = inet_csk_ca(sk);
 	struct dmc_group *g;
 
-	hsx_guard(sk, &ca->guard);
+	/* A skipped ssthresh call is decided in this ACK's later hooks (see hsx_guard_with). */
+	hsx_guard_with(sk, &ca->guard, false);
 	if (!ca->joined)
 		dmc_join(sk, ca);
 	g = dmc_group(ca);
@@ -356,27 +357,27 @@ static __always_inline u32 dmc_curve_w(const struct dmc_view *v, u32 srtt_us)
 	return d < 2 ? 2 : (u32)d;
 }
 
-/* Cut (halve) only the largest window, at most once per RTT per group; otherwise keep it. */
-SEC("struct_ops")
-u32 DMC_PROG(DMC(ssthresh), struct sock *sk)
+/*
+ * Cut (halve) only the largest window, at most once per RTT per group; otherwise keep it.
+ * `cwnd` is the window the loss was seen at. A function of its own (not inlined): inlined
+ * into the guard of every hook, its view of the group overflowed the 512-byte BPF stack.
+ */
+static __noinline u32 hsx_decide_ssthresh(struct sock *sk, u32 cwnd)
 {
 	struct dmc_ca *ca = inet_csk_ca(sk);
 	struct tcp_sock *tp = tcp_sk(sk);
-	u32 cwnd, cut, k_ms;
+	u32 cut = max_u32(cwnd >> 1, 2), k_ms;
 	u64 now = now_us();
 	u64 rtt = tp->srtt_us >> 3;
 	struct dmc_group *g = dmc_group(ca);
 	struct dmc_view v;
 	bool halve = false;
 
-	hsx_guard(sk, &ca->guard);
-	cwnd = tp->snd_cwnd;
-	cut = max_u32(cwnd >> 1, 2);
 	if (!g) {
 		halve = now - ca->last_cut_us > rtt;
 		if (halve)
 			ca->last_cut_us = now;
-		return hsx_ssthresh_ret(&ca->guard, halve ? cut : max_u32(cwnd, 2));
+		return halve ? cut : max_u32(cwnd, 2);
 	}
 	v = dmc_publish(sk, g, ca->slot);
 	k_ms = dmc_k_ms(cwnd - cut);
@@ -394,7 +395,16 @@ u32 DMC_PROG(DMC(ssthresh), struct sock *sk)
 		g->losses_kept++;
 	}
 	bpf_spin_unlock(&g->lock);
-	return hsx_ssthresh_ret(&ca->guard, halve ? cut : max_u32(cwnd, 2));
+	return halve ? cut : max_u32(cwnd, 2);
+}
+
+SEC("struct_ops")
+u32 DMC_PROG(DMC(ssthresh), struct sock *sk)
+{
+	struct dmc_ca *ca = inet_csk_ca(sk);
+
+	hsx_guard(sk, &ca->guard);
+	return hsx_ssthresh_ret(&ca->guard, hsx_decide_ssthresh(sk, tcp_sk(sk)->snd_cwnd));
 }
 
 /* Growth, called from cong_control (HSX_CONG_CONTROL) on in-order delivery. */

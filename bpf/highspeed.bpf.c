@@ -89,18 +89,22 @@ static __always_inline void highspeed_cong_avoid(struct sock *sk, u32 ack, u32 a
 		tcp_cong_avoid_ai(tp, tp->snd_cwnd, acked * (ca->ai + 1));
 }
 
+/* cwnd - b(w) * cwnd, b(w) from the table row the window has reached. */
+static __always_inline u32 hsx_decide_ssthresh(struct sock *sk, u32 cwnd)
+{
+	struct hstcp_ca *ca = inet_csk_ca(sk);
+	u32 md = hstcp_table[ca->ai < HSTCP_ROWS ? ca->ai : HSTCP_ROWS - 1].md;
+
+	return max_u32(cwnd - ((cwnd * md) >> 8), 2);
+}
+
 SEC("struct_ops")
 u32 BPF_PROG(highspeed_ssthresh, struct sock *sk)
 {
 	struct hstcp_ca *ca = inet_csk_ca(sk);
-	u32 cwnd, md;
 
 	hsx_guard(sk, &ca->guard);
-	cwnd = tcp_sk(sk)->snd_cwnd;
-	md = hstcp_table[ca->ai < HSTCP_ROWS ? ca->ai : HSTCP_ROWS - 1].md;
-
-	/* cwnd - b(w) * cwnd */
-	return hsx_ssthresh_ret(&ca->guard, max_u32(cwnd - ((cwnd * md) >> 8), 2));
+	return hsx_ssthresh_ret(&ca->guard, hsx_decide_ssthresh(sk, tcp_sk(sk)->snd_cwnd));
 }
 
 SEC("struct_ops")

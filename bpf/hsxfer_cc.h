@@ -230,7 +230,20 @@ static __always_inline u32 hsx_guard_bound(const struct hsx_guard *g)
  * lower it (timeout, idle restart), or to what undo_cwnd returns. A skipped cong_control
  * leaves cwnd unchanged. Every hook runs this check and both repairs are counted.
  */
-static __always_inline void hsx_guard(struct sock *sk, struct hsx_guard *g)
+/*
+ * What the program's ssthresh hook decides for a loss seen at window `cwnd`, without the
+ * guard. Every program defines it; its hook returns it and the guard makes the decision again
+ * for a call the kernel skipped, so that loss is judged by the program's own rule.
+ */
+static u32 hsx_decide_ssthresh(struct sock *sk, u32 cwnd);
+
+/*
+ * The guard. Without `decide` a garbage ssthresh is left for the next hook that repairs it
+ * (cong_control at the latest, in the same ACK, before anything turns it into a window):
+ * init sees no loss, and in DMCTCP's in_ack_event the decision beside the group's join
+ * overflows the BPF stack (512 bytes over both calls).
+ */
+static __always_inline void hsx_guard_with(struct sock *sk, struct hsx_guard *g, bool decide)
 {
 	struct tcp_sock *tp = tcp_sk(sk);
 	struct hsx_stats *st = hsx_stats();
@@ -253,8 +266,16 @@ static __always_inline void hsx_guard(struct sock *sk, struct hsx_guard *g)
 		if (st)
 			__sync_fetch_and_add(&st->cwnd_repairs, 1);
 	}
-	if (ssthresh != TCP_INFINITE_SSTHRESH && ssthresh != g->last_ssthresh && ssthresh > bound) {
-		u32 fix = g->last_ssthresh;
+	if (decide && ssthresh != TCP_INFINITE_SSTHRESH && ssthresh != g->last_ssthresh &&
+	    ssthresh > bound) {
+		/*
+		 * The skipped call's decision, made now on the window the loss was seen at: the
+		 * kernel copied it to prior_cwnd just before the call (a timeout lowers cwnd right
+		 * after), bounded like every window the guard accepts. Not the last ssthresh the
+		 * hook returned: that belongs to an earlier loss, and below the window it is a cut
+		 * no rule made (DMCTCP: a cut off the group's largest window, within its RTT).
+		 */
+		u32 fix = hsx_decide_ssthresh(sk, min_u32(max_u32(tp->prior_cwnd, cwnd), bound));
 
 		if (st) {
 			if (g->ss_calls == g->ss_seen)
@@ -273,6 +294,12 @@ static __always_inline void hsx_guard(struct sock *sk, struct hsx_guard *g)
 	g->ss_seen = g->ss_calls;
 }
 
+/* The guard, run first in every hook but init. */
+static __always_inline void hsx_guard(struct sock *sk, struct hsx_guard *g)
+{
+	hsx_guard_with(sk, g, true);
+}
+
 /*
  * Starts the guard on a new socket: an ssthresh already set (from the route's metrics or
  * the kernel's cache of earlier connections) is legitimate, however large.
@@ -283,7 +310,7 @@ static __always_inline void hsx_guard_init(struct sock *sk, struct hsx_guard *g)
 
 	if (ssthresh != TCP_INFINITE_SSTHRESH)
 		g->last_ssthresh = ssthresh;
-	hsx_guard(sk, g);
+	hsx_guard_with(sk, g, false);
 }
 
 /* Records what an ssthresh hook returns (or a program sets), so the guard can restore it. */

@@ -170,21 +170,27 @@ void BPF_PROG(htcp_pkts_acked, struct sock *sk, const struct ack_sample *sample)
 	}
 }
 
-SEC("struct_ops")
-u32 BPF_PROG(htcp_ssthresh, struct sock *sk)
+static __always_inline u32 hsx_decide_ssthresh(struct sock *sk, u32 cwnd)
 {
 	struct htcp_ca *ca = inet_csk_ca(sk);
 	u32 min_rtt = ca->min_rtt;
 	u32 max_rtt = ca->max_rtt;
-	u32 now = now_ms(sk);
 
-	hsx_guard(sk, &ca->guard);
 	htcp_beta_update(ca, min_rtt, max_rtt);
-	htcp_alpha_update(ca, now);
+	htcp_alpha_update(ca, now_ms(sk));
 	/* A slowly fading memory of max RTT, for route changes. */
 	if (min_rtt > 0 && max_rtt > min_rtt)
 		ca->max_rtt = min_rtt + ((max_rtt - min_rtt) * 95) / 100;
-	return hsx_ssthresh_ret(&ca->guard, max_u32((tcp_sk(sk)->snd_cwnd * ca->beta) >> 7, 2));
+	return max_u32((cwnd * ca->beta) >> 7, 2);
+}
+
+SEC("struct_ops")
+u32 BPF_PROG(htcp_ssthresh, struct sock *sk)
+{
+	struct htcp_ca *ca = inet_csk_ca(sk);
+
+	hsx_guard(sk, &ca->guard);
+	return hsx_ssthresh_ret(&ca->guard, hsx_decide_ssthresh(sk, tcp_sk(sk)->snd_cwnd));
 }
 
 /* Growth, called from cong_control (HSX_CONG_CONTROL) on in-order delivery. */

@@ -59,20 +59,20 @@ static __always_inline void scalable_cong_avoid(struct sock *sk, u32 ack, u32 ac
 		tcp_cong_avoid_ai(tp, SCALABLE_AI_CNT, acked);
 }
 
+static __always_inline u32 hsx_decide_ssthresh(struct sock *sk, u32 cwnd)
+{
+	if (cwnd < SCALABLE_LOW_WINDOW)
+		return max_u32(cwnd >> 1, 2);
+	return max_u32(cwnd - (cwnd >> SCALABLE_MD_SHIFT), 2);
+}
+
 SEC("struct_ops")
 u32 BPF_PROG(scalable_ssthresh, struct sock *sk)
 {
 	struct scalable_ca *ca = inet_csk_ca(sk);
-	u32 cwnd, s;
 
 	hsx_guard(sk, &ca->guard);
-	cwnd = tcp_sk(sk)->snd_cwnd;
-
-	if (cwnd < SCALABLE_LOW_WINDOW)
-		s = max_u32(cwnd >> 1, 2);
-	else
-		s = max_u32(cwnd - (cwnd >> SCALABLE_MD_SHIFT), 2);
-	return hsx_ssthresh_ret(&ca->guard, s);
+	return hsx_ssthresh_ret(&ca->guard, hsx_decide_ssthresh(sk, tcp_sk(sk)->snd_cwnd));
 }
 
 SEC("struct_ops")
