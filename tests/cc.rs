@@ -261,9 +261,11 @@ fn each_bundled_cc_fills_a_bottleneck_ten_times_and_cuts_as_its_model() {
     );
     let mut report = Vec::new();
     // Runs below the bound on a path the delay element did not emulate faithfully (it woke
-    // late on a busy host and released bursts), run again: at most this many in the test.
+    // late on a busy host and released bursts), run again: at most this many in the test, a
+    // bound on its time (about 3 s each), not on what it proves: a run on a faithful path is
+    // never run again. 9 of 10 were used in one run on this host (9-26 % of releases late).
     // Every run's guard checks count, re-run or not.
-    const MAX_RERUNS: usize = 10;
+    const MAX_RERUNS: usize = 30;
     let mut reruns = Vec::new();
     for cc in BUNDLED.iter().map(|b| b.name) {
         let mut goodputs = Vec::new();
