@@ -159,16 +159,18 @@ fn a_probe_measures_a_tiny_queue_path_and_its_profile_makes_a_plain_copy_fast() 
         assert!(out["verified"].as_bool().unwrap());
         (out, late)
     };
-    let (mut tuned_sum, mut hand_sum) = (0.0, 0.0);
+    // At least two pairs; more (up to four) until a plain copy ran on a faithful path, where
+    // the bound, 85 % of the ceiling, is judged too.
+    let (mut tuned_sum, mut hand_sum, mut pairs) = (0.0, 0.0, 0);
     let mut runs: Vec<String> = Vec::new();
-    let mut tuned_min_faithful = f64::INFINITY;
-    for _ in 0..2 {
+    let mut tuned_faithful: Vec<f64> = Vec::new();
+    while pairs < 2 || (tuned_faithful.is_empty() && pairs < 4) {
         let (plain, late) = copy(&[]);
         let origin = plain["tuning"]["origin"].to_string();
         assert!(origin.contains("profile (probe"), "{origin}");
         let tuned = plain["goodput_bps"].as_f64().unwrap();
         if faithful(late) {
-            tuned_min_faithful = tuned_min_faithful.min(tuned);
+            tuned_faithful.push(tuned);
         }
         runs.push(format!(
             "plain {:.1} Mbit/s, {}",
@@ -184,23 +186,29 @@ fn a_probe_measures_a_tiny_queue_path_and_its_profile_makes_a_plain_copy_fast() 
         ));
         tuned_sum += tuned;
         hand_sum += given;
+        pairs += 1;
     }
-    let tuned = tuned_sum / 2.0;
+    let tuned = tuned_sum / f64::from(pairs);
     eprintln!("copies: {runs:?}");
     // As fast as the tuning given by hand, whatever the host; and on a path emulated
     // faithfully (the delay element on time) near the path's ceiling too.
     assert!(
         tuned_sum >= 0.9 * hand_sum,
         "plain copies {:.1} Mbit/s against {:.1} with the probe's flags given: {runs:?}",
-        tuned_sum / 2e6,
-        hand_sum / 2e6
+        tuned / 1e6,
+        hand_sum / f64::from(pairs) / 1e6
     );
-    assert!(
-        tuned_min_faithful >= 0.85 * ceiling,
-        "a plain copy after the probe on a faithful path: {:.1} Mbit/s of {:.1}: {runs:?}",
-        tuned_min_faithful / 1e6,
-        ceiling / 1e6
-    );
+    for t in &tuned_faithful {
+        assert!(
+            *t >= 0.85 * ceiling,
+            "a plain copy after the probe on a faithful path: {:.1} Mbit/s of {:.1}: {runs:?}",
+            t / 1e6,
+            ceiling / 1e6
+        );
+    }
+    if tuned_faithful.is_empty() {
+        eprintln!("no plain copy ran on a faithful path: 85 % of the ceiling not judged");
+    }
 
     // Unpaced cubic, as other tools run it, in the same test.
     let plain = last_json(&on_sender(
