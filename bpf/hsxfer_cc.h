@@ -217,6 +217,13 @@ static __always_inline u32 hsx_guard_bound(const struct hsx_guard *g)
 }
 
 /*
+ * What the program's ssthresh hook decides for a loss seen at window `cwnd`, without the
+ * guard. Every program defines it; its hook returns it and the guard makes the decision again
+ * for a call the kernel skipped, so that loss is judged by the program's own rule.
+ */
+static u32 hsx_decide_ssthresh(struct sock *sk, u32 cwnd);
+
+/*
  * The guard against the garbage-ssthresh hazard (docs/cc.md "The guard"). On
  * this kernel a call into one of our programs now and then returns without running it: the
  * per-socket count of ssthresh calls (ss_calls) does not move, and the kernel stores the
@@ -228,20 +235,11 @@ static __always_inline u32 hsx_guard_bound(const struct hsx_guard *g)
  * then never computes a window from ssthresh (no PRR, no cwnd = ssthresh at the end of a
  * reduction); cwnd changes only in our code, after this check, or in kernel paths that
  * lower it (timeout, idle restart), or to what undo_cwnd returns. A skipped cong_control
- * leaves cwnd unchanged. Every hook runs this check and both repairs are counted.
- */
-/*
- * What the program's ssthresh hook decides for a loss seen at window `cwnd`, without the
- * guard. Every program defines it; its hook returns it and the guard makes the decision again
- * for a call the kernel skipped, so that loss is judged by the program's own rule.
- */
-static u32 hsx_decide_ssthresh(struct sock *sk, u32 cwnd);
-
-/*
- * The guard. Without `decide` a garbage ssthresh is left for the next hook that repairs it
- * (cong_control at the latest, in the same ACK, before anything turns it into a window):
- * init sees no loss, and in DMCTCP's in_ack_event the decision beside the group's join
- * overflows the BPF stack (512 bytes over both calls).
+ * leaves cwnd unchanged. Every hook runs this check and both repairs are counted. Without
+ * `decide` a garbage ssthresh is left for the next hook that repairs it (cong_control at the
+ * latest, in the same ACK, before anything turns it into a window): init sees no loss, and in
+ * DMCTCP's in_ack_event the decision beside the group's join overflows the BPF stack (512
+ * bytes over both calls).
  */
 static __always_inline void hsx_guard_with(struct sock *sk, struct hsx_guard *g, bool decide)
 {

@@ -149,11 +149,11 @@ fn a_probe_measures_a_tiny_queue_path_and_its_profile_makes_a_plain_copy_fast() 
     let flags = probe["flags"].as_str().expect("the probe's flags");
     let by_hand: Vec<&str> = flags.split_whitespace().collect();
     let mut copies = 0;
-    let mut copy = |flags: &[&str]| {
+    let mut copy = |given: &[&str]| {
         copies += 1;
         let dest = format!("{server}:data{copies}");
         let mut args = vec!["copy", "--json", "--token-file", &token];
-        args.extend_from_slice(flags);
+        args.extend_from_slice(given);
         args.extend_from_slice(&[file.to_str().unwrap(), &dest]);
         let (out, late) = with_late_share(&lab, || last_json(&on_sender(&lab, &args)));
         assert!(out["verified"].as_bool().unwrap());
