@@ -10,6 +10,7 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use common::late_text;
 use common::netns::root_or_skip;
 use hsxfer::lab::counters;
 use hsxfer::lab::flows::FlowSpec;
@@ -99,27 +100,39 @@ fn emulated_path_has_its_rtt_and_rate_and_a_tiny_queue_costs_utilization() {
     // path: measure from the ramp-up on, over at least 4 s.
     let bdp = spec.bdp_packets().ceil() as u32;
     lab.set_queue(bdp).unwrap();
-    let full = lab.run_flow(&FlowSpec::new("reno", 1, 20.0)).unwrap();
-    let ramped = full.ramped_up_at(bdp as u64).unwrap_or_else(|| {
-        panic!("one Reno flow with a BDP queue never reached a window of {bdp} in congestion avoidance")
-    });
-    let end = full.trace.last().map_or(0.0, |r| r.t);
-    assert!(
-        end - ramped >= 4.0,
-        "one Reno flow reached a BDP window only at {ramped:.1} s of {end:.1} s"
-    );
-    let (u_tiny, u_full) = (
-        tiny.goodput_after(3.0) / ceiling,
-        full.goodput_after(ramped) / ceiling,
-    );
+    // A flow below the bound on a path the delay element did not emulate faithfully (over 1 %
+    // of its releases more than 1 ms late on a busy host) runs again, at most twice; a
+    // faithful run is never run again, and the bound is judged on the last run.
+    let mut reruns: Vec<String> = Vec::new();
+    let (u_full, ramped) = loop {
+        let full = lab.run_flow(&FlowSpec::new("reno", 1, 20.0)).unwrap();
+        let ramped = full.ramped_up_at(bdp as u64).unwrap_or_else(|| {
+            panic!("one Reno flow with a BDP queue never reached a window of {bdp} in congestion avoidance")
+        });
+        let end = full.trace.last().map_or(0.0, |r| r.t);
+        assert!(
+            end - ramped >= 4.0,
+            "one Reno flow reached a BDP window only at {ramped:.1} s of {end:.1} s"
+        );
+        let u_full = full.goodput_after(ramped) / ceiling;
+        if u_full <= 0.9 && !full.path_faithful() && reruns.len() < 2 {
+            reruns.push(format!("{u_full:.3}, {}", late_text(full.late_share)));
+            continue;
+        }
+        break (u_full, ramped);
+    };
+    let u_tiny = tiny.goodput_after(3.0) / ceiling;
     eprintln!(
-        "reno ×1: 16 packets {u_tiny:.3}, 1 BDP {u_full:.3} (from {ramped:.1} s), {drops} drops"
+        "reno ×1: 16 packets {u_tiny:.3}, 1 BDP {u_full:.3} (from {ramped:.1} s), {drops} drops; run again before: {reruns:?}"
     );
     assert!(
         u_tiny < u_full - 0.1,
         "16 packets gave {u_tiny:.3}, a BDP queue {u_full:.3}: expected clearly lower"
     );
-    assert!(u_full > 0.9, "one Reno flow with a BDP queue: {u_full:.3}");
+    assert!(
+        u_full > 0.9,
+        "one Reno flow with a BDP queue: {u_full:.3} (run again before: {reruns:?})"
+    );
 
     let stats = counters::read(&lab, Duration::ZERO)
         .unwrap()
