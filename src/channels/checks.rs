@@ -183,6 +183,7 @@ mod tests {
                 online: Some(OnlineTuning {
                     max_channels: 32,
                     rate_bps: Some(1 << 30),
+                    rate_saved: true,
                     pace: true,
                     meter: false,
                     meter_cc: Some("bbr".into()),

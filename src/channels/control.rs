@@ -208,6 +208,10 @@ pub struct OnlineTuning {
     pub max_channels: u16,
     /// Bottleneck goodput rate known in advance (a profile or `--rate`), bits/s: no meter.
     pub rate_bps: Option<u64>,
+    /// Whether `rate_bps` was measured earlier and saved (a profile), not given: it may be
+    /// stale or low, so the tuner probes above it early.
+    #[serde(default)]
+    pub rate_saved: bool,
     /// Whether it sets the pacing caps (false when the user chose the pacing).
     pub pace: bool,
     /// Whether the first channel meters the path alone before the others start (when the

@@ -57,8 +57,11 @@ pub enum PathRate {
     Unknown,
     /// The user's figure for the bottleneck, bits/s on the wire (`--rate`).
     Given(u64),
-    /// A measured goodput rate (a saved probe or an earlier copy), bits/s of payload.
+    /// A goodput rate measured moments ago (a probe's first trial), bits/s of payload.
     Measured(u64),
+    /// A goodput rate measured earlier and saved (a profile: a probe or an earlier copy),
+    /// bits/s of payload. It may be stale or low, so the online tuner probes above it early.
+    Saved(u64),
 }
 
 /// Whether the sending side tunes the transfer while data moves.
@@ -569,12 +572,12 @@ impl Client {
         let mss = tcp_info(ctrl_r.get_ref()).map(|t| t.mss).unwrap_or(0);
         let goodput = match self.opts.rate {
             PathRate::Given(wire) => Some(bdp::goodput_rate(wire, mss)),
-            PathRate::Measured(g) => Some(g),
+            PathRate::Measured(g) | PathRate::Saved(g) => Some(g),
             PathRate::Unknown => None,
         };
         let (rate, rate_source) = match self.opts.rate {
             PathRate::Given(r) => (Some(r), "given"),
-            PathRate::Measured(r) => (Some(r), "measured"),
+            PathRate::Measured(r) | PathRate::Saved(r) => (Some(r), "measured"),
             PathRate::Unknown => match link_speed {
                 Some(r) => (Some(r), "interface"),
                 None => (None, "unknown"),
@@ -741,6 +744,7 @@ impl Client {
                 false => self.opts.max_channels.max(self.opts.channels),
             },
             rate_bps: goodput,
+            rate_saved: matches!(self.opts.rate, PathRate::Saved(_)),
             // An MPTCP connection is one channel to the tuner (its subflows' sum): its cap,
             // which its subflows share, is the meter's and then the tuner's.
             pace: self.pace(pm) == PaceChoice::Auto,

@@ -182,7 +182,7 @@ pub fn apply_profile(
     if !fixed.pace && !fixed.rate {
         match (r.pace_bps, p.rate_bps) {
             (Some(pace), Some(rate)) => {
-                opts.rate = PathRate::Measured(rate);
+                opts.rate = PathRate::Saved(rate);
                 took.push(format!("paced at {:.1} Mbit/s in total", pace as f64 / 1e6));
             }
             _ => {

@@ -96,6 +96,7 @@ pub fn online_tuner(t: &Tuning, channels: u16) -> Option<OnlineTuner> {
         channels,
         max_channels: o.max_channels.max(channels),
         known_rate: o.rate_bps.map(|b| b as f64 / 8.0),
+        probe_known_rate: o.rate_saved,
         pace: o.pace,
         meter: o.meter,
         meter_cc: o.meter_cc.clone(),
