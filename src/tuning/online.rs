@@ -34,7 +34,7 @@
 //!   the total.
 //! - **Keeping the estimate honest.** Repeated losses at the caps lower the estimate by 2 %;
 //!   10 s after such a cut, soon after a meter whose measurement a stalled ACK stream put
-//!   in doubt, or soon after the start with a saved rate (a profile may be stale or low), a
+//!   in doubt, or 10 s after the start with a saved rate (a profile may be stale or low), a
 //!   probe raises the caps for three rounds and keeps what the path delivered. A good
 //!   measurement of the transfer's own meter is never probed: on a tiny queue a probe costs
 //!   a loss.
@@ -91,6 +91,8 @@ const PROBE_GAIN_MAX: f64 = 1.25;
 /// rounds' deliveries varied by 3 %, about what a 5 % probe must show, and probes above a
 /// rate saved far too low failed on the lab path with 0.01 % loss.
 const PROBE_SEGMENTS: f64 = 1000.0;
+/// The longest a probe runs, seconds (below 1.2 Mbit/s the segments take longer).
+const PROBE_SPAN_MAX_S: f64 = 10.0;
 /// Seconds to wait after a probe that did not pay, doubled after each one, up to
 /// [`PROBE_INTERVAL_MAX_S`].
 const PROBE_INTERVAL_S: f64 = 30.0;
@@ -683,9 +685,10 @@ impl OnlineTuner {
 
     /// Keeps the estimated rate honest while the channels run at their caps: repeated losses
     /// at the caps lower it by 2 % (it was high, or other traffic arrived); 10 s after such a
-    /// cut, or soon after a meter whose measurement is in doubt or a saved rate's first use, a
-    /// probe raises the caps by 5 % (more after each that paid) for three rounds (or
-    /// [`PROBE_SEGMENTS`]) and keeps what the path delivered if it took more. Probes that do not pay come less and less often.
+    /// cut, soon after a meter whose measurement is in doubt, or 10 s after a saved rate's
+    /// first use, a probe raises the caps by 5 % (more after each that paid) for three rounds
+    /// (or [`PROBE_SEGMENTS`]) and keeps what the path delivered if it took more. Probes that
+    /// do not pay come less and less often.
     fn control_rate(&mut self, est: &PathEstimator, tick: &Tick, round: f64) {
         let (Some(rate), Some(total)) = (self.rate, self.total()) else {
             return;
@@ -743,7 +746,7 @@ impl OnlineTuner {
             let mss = est.latest(0).map_or(1448.0, |s| s.mss.max(1) as f64);
             self.probe = Some(Probe {
                 since: t,
-                span: (3.0 * round).max(PROBE_SEGMENTS * mss / total),
+                span: (3.0 * round).max((PROBE_SEGMENTS * mss / total).min(PROBE_SPAN_MAX_S)),
                 before: total,
                 gain: self.probe_gain,
             });
