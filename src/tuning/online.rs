@@ -864,6 +864,17 @@ mod tests {
         }
     }
 
+    /// 1 Gbit/s × 60 ms with a `buffer`-byte queue and random `loss`, windows unlimited.
+    fn path_60ms(buffer: f64, loss: f64) -> Path {
+        Path {
+            rate: GBIT,
+            rtt: 0.06,
+            buffer,
+            loss,
+            window_cap: f64::INFINITY,
+        }
+    }
+
     /// What a simulated run showed.
     struct Run {
         tuner: OnlineTuner,
@@ -919,13 +930,7 @@ mod tests {
 
     #[test]
     fn the_meter_finds_a_tiny_queues_rate_and_the_channels_then_fill_it() {
-        let path = Path {
-            rate: GBIT,
-            rtt: 0.06,
-            buffer: 64.0 * 1514.0,
-            loss: 0.0,
-            window_cap: f64::INFINITY,
-        };
+        let path = path_60ms(64.0 * 1514.0, 0.0);
         let r = run(path, config(4, 32, None), 60);
         let rep = r.tuner.report();
         assert_eq!(rep.meter, Some(MeterEnd::Full), "{rep:?}");
@@ -976,13 +981,7 @@ mod tests {
 
     #[test]
     fn random_loss_is_seen_and_channels_are_added_but_never_taken_away() {
-        let path = Path {
-            rate: GBIT,
-            rtt: 0.06,
-            buffer: GBIT * 0.06,
-            loss: 1e-4,
-            window_cap: f64::INFINITY,
-        };
+        let path = path_60ms(GBIT * 0.06, 1e-4);
         let r = run(path, config(4, 32, None), 60);
         // Each addition paid (per-channel windows are what random loss limits), so the count
         // only grows, by half each time, at most once an epoch, up to the maximum.
@@ -998,13 +997,7 @@ mod tests {
 
     #[test]
     fn a_known_rate_starts_paced_at_once_and_holds_without_oscillating() {
-        let path = Path {
-            rate: GBIT,
-            rtt: 0.06,
-            buffer: 64.0 * 1514.0,
-            loss: 0.0,
-            window_cap: f64::INFINITY,
-        };
+        let path = path_60ms(64.0 * 1514.0, 0.0);
         let r = run(path, config(4, 4, Some(GBIT)), 60);
         assert_eq!(r.tuner.report().meter, None);
         assert!(r.mean(2, 60) > 0.95 * GBIT, "{:.3}", r.mean(2, 60) / GBIT);
@@ -1021,13 +1014,7 @@ mod tests {
         // A profile saved by a copy whose meter met a random loss early: 12.8 Mbit/s on a
         // 1 Gbit/s path with 0.01 % loss. Its channels sit at their caps, seeing too few losses
         // to tell random loss from their own.
-        let path = Path {
-            rate: GBIT,
-            rtt: 0.06,
-            buffer: GBIT * 0.06,
-            loss: 1e-4,
-            window_cap: f64::INFINITY,
-        };
+        let path = path_60ms(GBIT * 0.06, 1e-4);
         let saved = 1.6e6;
         let mut cfg = config(4, 32, Some(saved));
         let held = run(path, cfg.clone(), 60);
@@ -1055,13 +1042,7 @@ mod tests {
 
     #[test]
     fn a_right_saved_rate_on_a_tiny_queue_survives_its_probe() {
-        let path = Path {
-            rate: GBIT,
-            rtt: 0.06,
-            buffer: 64.0 * 1514.0,
-            loss: 0.0,
-            window_cap: f64::INFINITY,
-        };
+        let path = path_60ms(64.0 * 1514.0, 0.0);
         let mut cfg = config(4, 4, Some(GBIT));
         cfg.probe_known_rate = true;
         let r = run(path, cfg, 60);
