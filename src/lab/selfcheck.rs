@@ -3,14 +3,13 @@
 //! pings: on a busy 2-core host the measurement, not the path, was off), the goodput one BBR
 //! flow reaches with a BDP-sized bottleneck queue (at least 95 % of what the rate allows, or
 //! an honest statement of the ceiling this host reached; measured again once when the flow
-//! fell short while the element released late), and that packets were dropped only at the bottleneck, whose queue limit is read
-//! back from the kernel.
+//! fell short while the element released late), and that packets were dropped only at the
+//! bottleneck, whose queue limit is read back from the kernel.
 
 use std::time::Duration;
 
 use super::config::Host;
 use super::counters;
-use super::element;
 use super::flows::FlowSpec;
 use super::topology::{run, Lab};
 use super::LabError;
@@ -97,25 +96,23 @@ pub fn run_checks(lab: &mut Lab) -> Result<SelfCheck, LabError> {
     let rtt = spec.rtt_of(1).as_secs_f64();
     let warmup = (30.0 * rtt).max(2.0);
     let ceiling = spec.goodput_ceiling_bps();
-    let single_flow = |lab: &Lab| {
-        lab.run_flow(&FlowSpec::new(SINGLE_FLOW_CC, 1, warmup + 4.0))
-            .map(|f| (f.goodput_after(warmup), f.late_share))
-    };
+    let single_flow = |lab: &Lab| lab.run_flow(&FlowSpec::new(SINGLE_FLOW_CC, 1, warmup + 4.0));
     let mut flow = single_flow(lab);
     // As with the pings: a flow short of the target while the delay element released late
     // measured the host, not the path (a lab test failed here once in a CI run).
-    if let Ok(&(bps, late)) = flow.as_ref() {
-        if bps / ceiling < RATE_TARGET && !element::faithful(late) {
+    if let Ok(f) = &flow {
+        let bps = f.goodput_after(warmup);
+        if bps / ceiling < RATE_TARGET && !f.path_faithful() {
             notes.push(format!(
                 "one BBR flow reached {:.0} Mbit/s while {:.1} % of the delay element's releases were over 1 ms late (the host was busy): measured again",
                 bps / 1e6,
-                late.unwrap_or(0.0) * 100.0
+                f.late_share.unwrap_or(0.0) * 100.0
             ));
             flow = single_flow(lab);
         }
     }
     lab.set_queue(configured)?;
-    let single_flow_bps = flow?.0;
+    let single_flow_bps = flow?.goodput_after(warmup);
     let single_flow_utilization = single_flow_bps / ceiling;
     let rate_ok = single_flow_utilization >= RATE_TARGET;
     if !rate_ok {
