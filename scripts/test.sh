@@ -27,6 +27,9 @@ python3 -m venv target/pyenv
 target/pyenv/bin/pip install --quiet ./python pytest
 target/pyenv/bin/python -m pytest -q python/tests
 # Fuzz the peer-input decoders for a short while (the same invariants run in the unit tests).
+# Unoptimised and without AddressSanitizer: the decoders are safe Rust (an out-of-bounds
+# access is a panic, which the fuzzer reports). Here this build took 1.5 minutes where the
+# optimised, sanitized one took 3.5, and ran 300,000 inputs in 30 s against 550,000.
 command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked --quiet
-(cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run decoders --fuzz-dir . -- -max_total_time=30 2>&1 | tail -n 2)
+(cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run decoders --dev -s none --fuzz-dir . -- -max_total_time=45 2>&1 | tail -n 2)
 echo "all checks passed"
