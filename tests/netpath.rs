@@ -158,6 +158,27 @@ fn count(v: &[String], name: &str) -> usize {
     v.iter().filter(|x| *x == name).count()
 }
 
+/// Runs `bench extra` (a 2 s bench, `-R` for a pull) and checks the congestion controls
+/// twice: the channels' own report must be `reported`, and the kernel's list of `host`'s
+/// sockets to or from the server (`ss`, 1.2 s in) must hold each of `seen` (name, count)
+/// that many times.
+fn check_ccs(p: &Path, extra: &[&str], host: &str, reported: &[&str], seen: [(&str, usize); 2]) {
+    let pull = extra.contains(&"-R");
+    let filter = format!("{} {RECEIVER}:{PORT}", if pull { "src" } else { "dst" });
+    let mut args = extra.to_vec();
+    args.extend_from_slice(&["--time", "2"]);
+    let (ev, ss) = p.bench_with_ss(
+        &args,
+        host,
+        &["-tinH", &filter],
+        Duration::from_millis(1200),
+    );
+    assert_eq!(channel_field(summary(&ev), "cc"), reported);
+    let algs = ss_algorithms(&ss);
+    let counts = seen.map(|(name, _)| count(&algs, name));
+    assert_eq!(counts, seen.map(|(_, n)| n), "{seen:?} in: {ss}");
+}
+
 fn lock() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -169,38 +190,22 @@ fn each_channel_runs_the_congestion_control_asked_for_in_both_directions() {
     }
     let _g = lock();
     let p = path(200, 100);
-    let dst = format!("dst {RECEIVER}:{PORT}");
-    let (ev, ss) = p.bench_with_ss(
-        &["-n", "4", "--cc", "cubic,reno", "--time", "2"],
+    // Independently of hsxfer, the kernel's socket list too (the control connection keeps
+    // the host default, which is neither here).
+    check_ccs(
+        &p,
+        &["-n", "4", "--cc", "cubic,reno"],
         "s",
-        &["-tinH", &dst],
-        Duration::from_millis(1200),
+        &["cubic", "reno", "cubic", "reno"],
+        [("cubic", 2), ("reno", 2)],
     );
-    let s = summary(&ev);
-    assert_eq!(channel_field(s, "cc"), ["cubic", "reno", "cubic", "reno"]);
-    // Independently of hsxfer: the kernel's socket list (the control connection keeps the
-    // host default, which is neither here).
-    let algs = ss_algorithms(&ss);
-    assert_eq!(
-        (count(&algs, "cubic"), count(&algs, "reno")),
-        (2, 2),
-        "{ss}"
-    );
-
     // Pull direction: the server sets them on its sockets.
-    let src = format!("src {RECEIVER}:{PORT}");
-    let (ev, ss) = p.bench_with_ss(
-        &["-R", "-n", "2", "--cc", "reno,cubic", "--time", "2"],
+    check_ccs(
+        &p,
+        &["-R", "-n", "2", "--cc", "reno,cubic"],
         "d",
-        &["-tinH", &src],
-        Duration::from_millis(1200),
-    );
-    assert_eq!(channel_field(summary(&ev), "cc"), ["reno", "cubic"]);
-    let algs = ss_algorithms(&ss);
-    assert_eq!(
-        (count(&algs, "cubic"), count(&algs, "reno")),
-        (1, 1),
-        "{ss}"
+        &["reno", "cubic"],
+        [("cubic", 1), ("reno", 1)],
     );
 
     // An algorithm that is not registered (and not bundled, which root would register on
@@ -233,36 +238,18 @@ fn a_route_congctl_gives_way_to_the_congestion_control_asked_for_in_both_directi
     // Push: the sender's route names cubic, which the kernel applies at connect over the reno
     // set before it; the client sets reno again. The control connection keeps the route's.
     p.net.congctl_route("s", &["cubic"]);
-    let dst = format!("dst {RECEIVER}:{PORT}");
-    let (ev, ss) = p.bench_with_ss(
-        &["-n", "2", "--cc", "reno", "--time", "2"],
-        "s",
-        &["-tinH", &dst],
-        Duration::from_millis(1200),
-    );
-    assert_eq!(channel_field(summary(&ev), "cc"), ["reno", "reno"]);
-    let algs = ss_algorithms(&ss);
-    assert_eq!(
-        (count(&algs, "reno"), count(&algs, "cubic")),
-        (2, 1),
-        "{ss}"
-    );
+    let reno = ["-n", "2", "--cc", "reno"];
+    let seen = [("reno", 2), ("cubic", 1)];
+    check_ccs(&p, &reno, "s", &["reno", "reno"], seen);
 
     // Pull: the server's accepted sockets get its route's cubic; it sets reno again.
     p.net.congctl_route("d", &["cubic"]);
-    let src = format!("src {RECEIVER}:{PORT}");
-    let (ev, ss) = p.bench_with_ss(
-        &["-R", "-n", "2", "--cc", "reno", "--time", "2"],
+    check_ccs(
+        &p,
+        &[&["-R"][..], &reno].concat(),
         "d",
-        &["-tinH", &src],
-        Duration::from_millis(1200),
-    );
-    assert_eq!(channel_field(summary(&ev), "cc"), ["reno", "reno"]);
-    let algs = ss_algorithms(&ss);
-    assert_eq!(
-        (count(&algs, "reno"), count(&algs, "cubic")),
-        (2, 1),
-        "{ss}"
+        &["reno", "reno"],
+        seen,
     );
 }
 
