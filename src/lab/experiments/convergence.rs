@@ -9,7 +9,7 @@ use serde_json::json;
 use super::analysis::{aggregate_cwnd, convergence_time, moving_average};
 use super::fairness::channels_for;
 use super::plot::{line_chart, Axes, Series};
-use super::{choose_ccs, describe, file_name, lateness, out_file, OwnedLab, Report, RunOptions};
+use super::{choose_ccs, describe, lateness, out_file, plot_links, OwnedLab, Report, RunOptions};
 use crate::lab::flows::FlowSpec;
 use crate::lab::{Host, LabError, LabSpec, QueueSize};
 
@@ -125,13 +125,8 @@ pub fn run(opts: &RunOptions, log: &mut dyn FnMut(&str)) -> Result<Report, LabEr
             r.goodput_second / 1e6
         );
     }
-    md += "\nPlots: ";
-    md += &files
-        .iter()
-        .map(|f| format!("[{0}]({0})", file_name(f)))
-        .collect::<Vec<_>>()
-        .join(", ");
     md += "\n";
+    md += &plot_links(&files);
     let json = json!({
         "experiment": "convergence",
         "quick": opts.quick,

@@ -269,3 +269,32 @@ pub fn file_name(path: &Path) -> String {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default()
 }
+
+/// The markdown line linking the plots (`.svg`) among `files`: "Plots: [a.svg](a.svg), …".
+pub fn plot_links(files: &[PathBuf]) -> String {
+    let links: Vec<String> = files
+        .iter()
+        .filter(|f| f.extension().is_some_and(|e| e == "svg"))
+        .map(|f| format!("[{0}]({0})", file_name(f)))
+        .collect();
+    format!("Plots: {}\n", links.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plot_links_name_only_the_plots() {
+        let files = [
+            PathBuf::from("/out/sync-distribution-2.svg"),
+            PathBuf::from("/out/utilization-trace-cubic.csv"),
+            PathBuf::from("/out/utilization-cubic.svg"),
+        ];
+        assert_eq!(
+            plot_links(&files),
+            "Plots: [sync-distribution-2.svg](sync-distribution-2.svg), \
+             [utilization-cubic.svg](utilization-cubic.svg)\n"
+        );
+    }
+}

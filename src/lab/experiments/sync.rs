@@ -14,7 +14,7 @@ use serde_json::json;
 use super::analysis::{grouping_window, loss_events, seed_distribution};
 use super::plot::{line_chart, Axes, Series};
 use super::{
-    choose_ccs, describe, file_name, lateness, out_file, pct, OwnedLab, Report, RunOptions,
+    choose_ccs, describe, lateness, out_file, pct, plot_links, OwnedLab, Report, RunOptions,
 };
 use crate::lab::flows::FlowSpec;
 use crate::lab::{LabError, LabSpec, QueueSize};
@@ -171,13 +171,8 @@ pub fn run(opts: &RunOptions, log: &mut dyn FnMut(&str)) -> Result<Report, LabEr
             md += "\n";
         }
     }
-    md += "\nPlots: ";
-    md += &files
-        .iter()
-        .map(|f| format!("[{0}]({0})", file_name(f)))
-        .collect::<Vec<_>>()
-        .join(", ");
     md += "\n";
+    md += &plot_links(&files);
     let json = json!({
         "experiment": "sync",
         "quick": opts.quick,

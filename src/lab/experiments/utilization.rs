@@ -9,7 +9,7 @@ use serde_json::json;
 use super::analysis::{aimd_bounds, desynchronized_utilization, BETA};
 use super::plot::{line_chart, Axes, Series};
 use super::{
-    choose_ccs, describe, file_name, lateness, out_file, pct, OwnedLab, Report, RunOptions,
+    choose_ccs, describe, lateness, out_file, pct, plot_links, OwnedLab, Report, RunOptions,
 };
 use crate::lab::flows::FlowSpec;
 use crate::lab::{LabError, LabSpec, QueueSize};
@@ -224,14 +224,8 @@ pub fn run(opts: &RunOptions, log: &mut dyn FnMut(&str)) -> Result<Report, LabEr
     for m in &channels {
         md += &format!(" {} |", pct(aimd_bounds(*m as u32).0));
     }
-    md += "\n\nPlots: ";
-    md += &files
-        .iter()
-        .filter(|f| f.extension().is_some_and(|e| e == "svg"))
-        .map(|f| format!("[{0}]({0})", file_name(f)))
-        .collect::<Vec<_>>()
-        .join(", ");
-    md += "\n";
+    md += "\n\n";
+    md += &plot_links(&files);
 
     let json = json!({
         "experiment": "utilization",
