@@ -484,6 +484,7 @@ pub fn commit_group(
     files: &[&PartialFile],
     mut before: impl FnMut(CommitStep),
 ) -> Result<(), (PathBuf, io::Error)> {
+    start_writeback(files);
     let mut by_dir: BTreeMap<&Path, Vec<&PartialFile>> = BTreeMap::new();
     for f in files {
         by_dir.entry(&f.place.parent).or_default().push(f);
@@ -507,6 +508,22 @@ pub fn commit_group(
         }
     }
     Ok(())
+}
+
+/// Starts writing back every file's data (`sync_file_range`, without waiting), so that their
+/// `fsync`s, one after another, mostly wait for writes already under way instead of each
+/// starting its own. 10,000 files of 4 KiB pushed to this VM's ext4 disk: see
+/// docs/benchmarks.md. Advisory: an error here comes back from the file's `fsync`.
+fn start_writeback(files: &[&PartialFile]) {
+    if files.len() < 2 {
+        return;
+    }
+    for f in files {
+        // SAFETY: sync_file_range on a descriptor `f` owns for the call; no memory is passed.
+        unsafe {
+            libc::sync_file_range(f.file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
+        }
+    }
 }
 
 /// Removes what a commit interrupted after its rename left beside a complete target (the
