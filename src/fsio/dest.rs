@@ -83,6 +83,40 @@ pub struct Destination {
     requested: Option<Requested>,
 }
 
+/// Maps manifest entries to paths as [`Destination::target`] does, checking a parent
+/// directory against confinement only when it differs from the previous entry's. The check
+/// resolves every component of the path (a `readlink` each): 9.5 % of a server's cycles while
+/// it received 10,000 small files. Files are still opened beneath the root
+/// (`RESOLVE_BENEATH`), so a skipped check never lets a write out.
+pub struct Targets<'a> {
+    dest: &'a Destination,
+    checked: Option<PathBuf>,
+}
+
+impl<'a> Targets<'a> {
+    /// No parent checked yet.
+    pub fn new(dest: &'a Destination) -> Self {
+        Targets {
+            dest,
+            checked: None,
+        }
+    }
+
+    /// The filesystem path for a manifest entry, checked against confinement.
+    pub fn target(&mut self, entry_path: &str) -> Result<PathBuf, DestError> {
+        let p = self.dest.unchecked_target(entry_path)?;
+        if matches!(self.dest.layout, Layout::Stream(_)) {
+            return Ok(p);
+        }
+        let parent = p.parent().unwrap_or(&p);
+        if self.checked.as_deref() != Some(parent) {
+            self.dest.scope.check_inside(parent)?;
+            self.checked = Some(parent.to_path_buf());
+        }
+        Ok(p)
+    }
+}
+
 /// What a pull asked for: a server may send entries under these top-level names only, so a
 /// hostile one cannot write `.ssh/authorized_keys` into a pull of `data` into the home
 /// directory (the scp CVE-2019-6111 class).
@@ -148,6 +182,11 @@ impl Destination {
 
     /// The filesystem path for a manifest entry, checked against confinement.
     pub fn target(&self, entry_path: &str) -> Result<PathBuf, DestError> {
+        Targets::new(self).target(entry_path)
+    }
+
+    /// The filesystem path for a manifest entry, its parent not yet checked.
+    fn unchecked_target(&self, entry_path: &str) -> Result<PathBuf, DestError> {
         let comps = check_relative(entry_path).map_err(RootError::from)?;
         let Some((_, rest)) = comps.split_first() else {
             return Err(RootError::from(crate::channels::manifest::PathError::Empty).into());
@@ -166,7 +205,6 @@ impl Destination {
             Layout::Stream(p) => return Ok(p.clone()),
         };
         p.extend(rest);
-        self.scope.check_inside(p.parent().unwrap_or(&p))?;
         Ok(p)
     }
 
@@ -256,5 +294,25 @@ mod tests {
         let null = Destination::resolve(Scope::Local, "/dev/null", 1).unwrap();
         assert!(matches!(null.layout, Layout::Stream(_)));
         assert!(Destination::resolve(Scope::Local, "/dev/null", 2).is_err());
+    }
+
+    #[test]
+    fn each_new_parent_is_checked_against_the_root() {
+        let outside = tempfile::tempdir().unwrap();
+        let t = tempfile::tempdir().unwrap();
+        let s = Scope::confined(t.path()).unwrap();
+        fs::create_dir_all(t.path().join("dir/src/sub")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), t.path().join("dir/src/out")).unwrap();
+        let into = Destination::resolve(s, "dir", 1).unwrap();
+        let mut targets = Targets::new(&into);
+        assert!(targets.target("src/a").is_ok());
+        assert!(targets.target("src/b").is_ok());
+        // Entries in another directory, after ones in a checked one, are checked again.
+        assert!(matches!(
+            targets.target("src/out/x"),
+            Err(DestError::Root(RootError::Escapes(_)))
+        ));
+        assert!(targets.target("src/sub/c").is_ok());
+        assert!(targets.target("src/out/y").is_err());
     }
 }

@@ -24,7 +24,7 @@ use crate::channels::manifest::{Entry, EntryKind};
 use crate::channels::receiver::{Completion, ReceiveTracker, Verdict};
 use crate::channels::{Digest, Violation};
 use crate::error::{Error, Result};
-use crate::fsio::dest::{Destination, Layout};
+use crate::fsio::dest::{Destination, Layout, Targets};
 use crate::fsio::ns_to_system_time;
 use crate::fsio::partial::{
     self as partials, prepare_in, CommitStep, FileMeta, OpenDir, PartialFile, Prepared, StreamSink,
@@ -441,32 +441,32 @@ fn prepare_chunk(
     bs: u32,
     key: &DigestKey,
 ) -> Result<Vec<PreparedEntry>> {
+    let Sink::Files(dest) = sink else {
+        return Ok(entries
+            .into_iter()
+            .map(|e| (e, PathBuf::new(), None))
+            .collect());
+    };
     let mut out = Vec::with_capacity(entries.len());
     let mut dirs = OpenDir::default();
+    let mut targets = Targets::new(dest);
     for e in entries {
-        let (target, prep) = match sink {
-            Sink::Discard => (PathBuf::new(), None),
-            Sink::Files(dest) => {
-                let target = dest.target(&e.path)?;
-                match e.kind {
-                    EntryKind::Dir => {
-                        dest.make_dir(&target)?;
-                        (target, None)
-                    }
-                    EntryKind::File { .. } if matches!(dest.layout, Layout::Stream(_)) => {
-                        (target, None)
-                    }
-                    EntryKind::File { size } => {
-                        let meta = FileMeta {
-                            size,
-                            mode: e.mode,
-                            mtime_ns: e.mtime_ns,
-                        };
-                        let p = prepare_in(&mut dirs, dest.scope(), &target, meta, bs, key)
-                            .map_err(Error::io(format!("creating {}", target.display())))?;
-                        (target, Some(p))
-                    }
-                }
+        let target = targets.target(&e.path)?;
+        let prep = match e.kind {
+            EntryKind::Dir => {
+                dest.make_dir(&target)?;
+                None
+            }
+            EntryKind::File { .. } if matches!(dest.layout, Layout::Stream(_)) => None,
+            EntryKind::File { size } => {
+                let meta = FileMeta {
+                    size,
+                    mode: e.mode,
+                    mtime_ns: e.mtime_ns,
+                };
+                let p = prepare_in(&mut dirs, dest.scope(), &target, meta, bs, key)
+                    .map_err(Error::io(format!("creating {}", target.display())))?;
+                Some(p)
             }
         };
         out.push((e, target, prep));
