@@ -14,6 +14,7 @@ use nix::fcntl::OFlag;
 use nix::sys::stat::FileStat;
 
 use super::at;
+use super::direct::{read_uncached, DIRECT_MIN_BYTES};
 use super::partial::is_reserved_name;
 use super::root::Scope;
 use crate::channels::manifest::{Entry, EntryKind};
@@ -217,7 +218,8 @@ fn top_level_name(src: &Path) -> Result<String, SourceError> {
 }
 
 /// Reads `len` bytes at `offset` of `src` into `buf` (resized to `len`; reusing one buffer
-/// per channel avoids faulting in fresh memory for every block). A short read means the file
+/// per channel avoids faulting in fresh memory for every block), directly from the disk
+/// where a large file's block is not cached ([`read_uncached`]). A short read means the file
 /// shrank after it was listed; a file that is no longer the one listed (another device or
 /// inode under its name) is refused.
 pub fn read_block(src: &SourceFile, offset: u64, len: u32, buf: &mut Vec<u8>) -> io::Result<()> {
@@ -234,16 +236,22 @@ pub fn read_block(src: &SourceFile, offset: u64, len: u32, buf: &mut Vec<u8>) ->
         )));
     }
     buf.resize(len as usize, 0);
-    f.read_exact_at(buf, offset).map_err(|e| {
-        if e.kind() == io::ErrorKind::UnexpectedEof {
-            io::Error::new(
-                e.kind(),
-                format!("{} shrank while it was being sent", src.path.display()),
-            )
-        } else {
-            e
-        }
-    })
+    let direct = if m.len() >= DIRECT_MIN_BYTES {
+        read_uncached(&f, offset, buf)?
+    } else {
+        0
+    };
+    f.read_exact_at(&mut buf[direct..], offset + direct as u64)
+        .map_err(|e| {
+            if e.kind() == io::ErrorKind::UnexpectedEof {
+                io::Error::new(
+                    e.kind(),
+                    format!("{} shrank while it was being sent", src.path.display()),
+                )
+            } else {
+                e
+            }
+        })
 }
 
 #[cfg(test)]
