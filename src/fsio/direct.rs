@@ -47,17 +47,10 @@ pub struct DirectWriter {
 }
 
 impl DirectWriter {
-    /// Opens `file` again for direct writes (through `/proc/self/fd`, which also reaches an
-    /// unnamed `O_TMPFILE`), or `None` where the filesystem or the host refuses.
+    /// Opens `file` again for direct writes, or `None` where that is refused.
     pub fn open(file: &File) -> Option<DirectWriter> {
-        let path = format!("/proc/self/fd/{}", file.as_raw_fd());
-        let direct = OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(path)
-            .ok()?;
         Some(DirectWriter {
-            file: direct,
+            file: reopen_direct(file, true)?,
             on: AtomicBool::new(true),
         })
     }
@@ -99,16 +92,35 @@ impl DirectWriter {
     /// One `pwrite`: its count, or 0 after the filesystem refused direct I/O (`EINVAL`),
     /// which turns direct writes off for this file.
     fn write_once(&self, offset: u64, data: &[u8]) -> io::Result<usize> {
-        loop {
-            match self.file.write_at(data, offset) {
-                Ok(n) => return Ok(n),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                    self.on.store(false, Ordering::Relaxed);
-                    return Ok(0);
-                }
-                Err(e) => return Err(e),
-            }
+        let written = direct_io(|| self.file.write_at(data, offset))?;
+        if written.is_none() {
+            self.on.store(false, Ordering::Relaxed);
+        }
+        Ok(written.unwrap_or(0))
+    }
+}
+
+/// `file` opened again with `O_DIRECT`, for writing or for reading, through
+/// `/proc/self/fd` (which also reaches an unnamed `O_TMPFILE`), or `None` where the
+/// filesystem or the host refuses.
+fn reopen_direct(file: &File, write: bool) -> Option<File> {
+    OpenOptions::new()
+        .read(!write)
+        .write(write)
+        .custom_flags(libc::O_DIRECT)
+        .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .ok()
+}
+
+/// One direct `pread` or `pwrite`, again when interrupted: its count, or `None` where the
+/// filesystem refused direct I/O (`EINVAL`).
+fn direct_io(mut op: impl FnMut() -> io::Result<usize>) -> io::Result<Option<usize>> {
+    loop {
+        match op() {
+            Ok(n) => return Ok(Some(n)),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
+            Err(e) => return Err(e),
         }
     }
 }
@@ -125,12 +137,7 @@ pub fn read_uncached(file: &File, offset: u64, buf: &mut [u8]) -> io::Result<usi
     {
         return Ok(0);
     }
-    let path = format!("/proc/self/fd/{}", file.as_raw_fd());
-    let Ok(direct) = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
-    else {
+    let Some(direct) = reopen_direct(file, false) else {
         return Ok(0);
     };
     let mut done = 0;
@@ -138,13 +145,7 @@ pub fn read_uncached(file: &File, offset: u64, buf: &mut [u8]) -> io::Result<usi
         let len = (aligned_len - done).min(COPY_CHUNK);
         let n = ALIGNED.with_borrow_mut(|scratch| {
             let aligned = aligned_slice(scratch, len);
-            let n = loop {
-                match direct.read_at(aligned, offset + done as u64) {
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => break Ok(0),
-                    r => break r,
-                }
-            }?;
+            let n = direct_io(|| direct.read_at(aligned, offset + done as u64))?.unwrap_or(0);
             buf[done..done + n].copy_from_slice(&aligned[..n]);
             io::Result::Ok(n)
         })?;
