@@ -161,7 +161,7 @@ pub enum Error {
     #[error("{0}")]
     Usage(String),
     /// Another I/O error, with what was being done.
-    #[error("{context}: {source}")]
+    #[error("{context}: {source}{}", io_hint(.source))]
     Io {
         /// What was being done.
         context: String,
@@ -211,6 +211,17 @@ fn busy_hint(b: &Busy) -> &'static str {
     }
 }
 
+/// What to do about an I/O error the user can act on: a limit on open files.
+fn io_hint(e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::EMFILE) => {
+            " (the open-files limit of the process that hit it: raise `ulimit -n`)"
+        }
+        Some(libc::ENFILE) => " (the system's open-files limit: raise `fs.file-max`)",
+        _ => "",
+    }
+}
+
 /// The message of [`Error::CcNotInForce`]: the route's `congctl lock` when `ip route get`
 /// shows one; otherwise what the kernel said, and what the route shows or why it is not known.
 fn cc_not_in_force(
@@ -255,6 +266,21 @@ mod tests {
             route,
         }
         .to_string()
+    }
+
+    #[test]
+    fn running_out_of_descriptors_says_which_limit_to_raise() {
+        let err = |code| Error::io("creating d/f")(io::Error::from_raw_os_error(code)).to_string();
+        assert_eq!(
+            err(libc::EMFILE),
+            "creating d/f: Too many open files (os error 24) (the open-files limit of the \
+             process that hit it: raise `ulimit -n`)"
+        );
+        assert!(err(libc::ENFILE).ends_with("raise `fs.file-max`)"));
+        assert_eq!(
+            err(libc::ENOENT),
+            "creating d/f: No such file or directory (os error 2)"
+        );
     }
 
     #[test]

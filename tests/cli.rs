@@ -8,7 +8,9 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, limited, limited_server, random_file, sha256, wait_listening, ServerProc};
+use common::{
+    free_port, limited_server_at, limited_to, random_file, sha256, wait_listening, ServerProc,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_hsxfer");
 
@@ -581,20 +583,33 @@ fn probe_and_profiles_give_one_line_errors_and_warnings() {
 
 #[test]
 fn a_2000_file_tree_pushes_and_pulls_at_ulimit_n_1024() {
+    push_and_pull_a_tree_at_ulimit_n(2000, 1024);
+}
+
+/// At `ulimit -n 256` a whole manifest chunk (256 files, a partial file and a journal each)
+/// is more than a process may open: the receiver plans each chunk in parts its budget holds.
+#[test]
+fn a_tree_pushes_and_pulls_at_ulimit_n_256() {
+    push_and_pull_a_tree_at_ulimit_n(600, 256);
+}
+
+/// Pushes a tree of `files` files into a server and pulls it back, both ends at `ulimit -n
+/// NOFILE`, and compares both copies with the source.
+fn push_and_pull_a_tree_at_ulimit_n(files: usize, nofile: u32) {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("src");
     // Three 4 KiB blocks per file: each has a partial file and a journal while it is
-    // received, two descriptors, so the tree held open at once would need 4,000.
-    for i in 0..2000 {
+    // received, two descriptors, so the tree held open at once would need twice its count.
+    for i in 0..files {
         let d = src.join(format!("d{:02}", i % 20));
         fs::create_dir_all(&d).unwrap();
         fs::write(d.join(format!("f{i:04}")), vec![(i % 251) as u8; 9000 + i]).unwrap();
     }
     let root = dir.path().join("root");
     fs::create_dir(&root).unwrap();
-    let (_server, port) = limited_server(&root);
+    let (_server, port) = limited_server_at(&root, nofile);
     let p = port.to_string();
-    let push = limited()
+    let push = limited_to(nofile)
         .args([
             "copy",
             "--no-auth",
@@ -615,7 +630,7 @@ fn a_2000_file_tree_pushes_and_pulls_at_ulimit_n_1024() {
     );
     assert_eq!(common::snapshot(&src), common::snapshot(&root.join("src")));
     let back = dir.path().join("back");
-    let pull = limited()
+    let pull = limited_to(nofile)
         .args([
             "copy",
             "--no-auth",

@@ -72,9 +72,57 @@ pub fn check_relative(path: &str) -> Result<Vec<&str>, PathError> {
     Ok(parts)
 }
 
+/// Splits a manifest chunk after its first `files` files: the front part keeps them, the
+/// directories among them and those that follow the last of them; the rest starts at the next
+/// file (empty when the chunk has no more). A receiver whose budget of open files is smaller
+/// than a chunk plans it in such parts, so a process with a low `ulimit -n` still receives.
+pub fn split_after_files(mut entries: Vec<Entry>, files: usize) -> (Vec<Entry>, Vec<Entry>) {
+    let mut seen = 0;
+    let cut = entries
+        .iter()
+        .position(|e| {
+            let file = matches!(e.kind, EntryKind::File { .. });
+            seen += usize::from(file);
+            file && seen > files
+        })
+        .unwrap_or(entries.len());
+    let rest = entries.split_off(cut);
+    (entries, rest)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn entry(id: u32, kind: EntryKind) -> Entry {
+        Entry {
+            id,
+            path: format!("t/{id}"),
+            mode: 0o644,
+            mtime_ns: 0,
+            kind,
+        }
+    }
+
+    #[test]
+    fn a_chunk_splits_after_its_nth_file_with_the_directories_that_follow() {
+        let f = EntryKind::File { size: 1 };
+        let chunk = vec![
+            entry(0, EntryKind::Dir),
+            entry(1, f),
+            entry(2, f),
+            entry(3, EntryKind::Dir),
+            entry(4, f),
+            entry(5, EntryKind::Dir),
+        ];
+        let ids = |v: &[Entry]| v.iter().map(|e| e.id).collect::<Vec<_>>();
+        let (front, rest) = split_after_files(chunk.clone(), 2);
+        assert_eq!((ids(&front), ids(&rest)), (vec![0, 1, 2, 3], vec![4, 5]));
+        let (front, rest) = split_after_files(chunk.clone(), 3);
+        assert_eq!((ids(&front), ids(&rest)), (vec![0, 1, 2, 3, 4, 5], vec![]));
+        let (front, rest) = split_after_files(chunk.clone(), 0);
+        assert_eq!((ids(&front), ids(&rest)), (vec![0], vec![1, 2, 3, 4, 5]));
+    }
 
     #[test]
     fn relative_paths() {

@@ -2,15 +2,14 @@
 //! hold [`MAX_UNFINISHED_FILES`](crate::channels::limits::MAX_UNFINISHED_FILES) files being
 //! received (a partial file and a restart journal each), so one large tree, or a few, would
 //! otherwise run a process at the common `ulimit -n 1024` out of descriptors. A session takes
-//! one slot per file of a manifest chunk before it opens them, and gives each back when that
+//! one slot per file of a manifest chunk before it opens them (a chunk larger than the whole
+//! budget in parts of at most [`FileBudget::capacity`] files), and gives each back when that
 //! file is committed; a session that finds the budget spent waits, and its sender with it,
 //! until files commit.
 
 use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-
-use crate::channels::limits::MAX_CHUNK_FILES;
 
 /// Descriptors each file being received may hold: its partial file and its journal.
 const DESCRIPTORS_PER_FILE: u64 = 2;
@@ -30,20 +29,22 @@ const DESCRIPTORS_PER_FILE: u64 = 2;
 /// assert_eq!(budget.free(), 299);
 /// drop(one);
 /// assert_eq!(budget.free(), 300);
+/// assert_eq!(budget.capacity(), 300);
 /// # }
 /// ```
 #[derive(Clone, Debug)]
 pub struct FileBudget {
     slots: Arc<Semaphore>,
+    capacity: u32,
 }
 
 impl FileBudget {
-    /// A budget of `slots` files (at least [`MAX_CHUNK_FILES`], so that one manifest chunk
-    /// always fits).
+    /// A budget of `slots` files (at least one).
     pub fn with_slots(slots: u64) -> Self {
-        let slots = slots.max(MAX_CHUNK_FILES) as usize;
+        let capacity = slots.clamp(1, u64::from(u32::MAX >> 3)) as u32;
         FileBudget {
-            slots: Arc::new(Semaphore::new(slots)),
+            slots: Arc::new(Semaphore::new(capacity as usize)),
+            capacity,
         }
     }
 
@@ -71,6 +72,11 @@ impl FileBudget {
             .acquire_many_owned(files)
             .await
             .expect("the budget's semaphore is never closed")
+    }
+
+    /// Slots in all: the most files one session may take at once.
+    pub fn capacity(&self) -> u32 {
+        self.capacity
     }
 
     /// Slots free now.

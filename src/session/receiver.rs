@@ -20,7 +20,7 @@ use super::report::{LiveStats, SideOutcome};
 use super::wire::{read_header, read_payload, ControlReader, ControlWriter};
 use crate::channels::control::{FilePlan, Message, PlanAction};
 use crate::channels::frame::DigestKey;
-use crate::channels::manifest::{Entry, EntryKind};
+use crate::channels::manifest::{split_after_files, Entry, EntryKind};
 use crate::channels::receiver::{Completion, ReceiveTracker, Verdict};
 use crate::channels::{Digest, Violation};
 use crate::error::{Error, Result};
@@ -175,7 +175,10 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                 ));
             }
             if let (None, Some((_, files))) = (&slots_wait, waiting.front()) {
-                slots_wait = Some(Box::pin(slots_for(self.budget.clone(), *files as u32)));
+                slots_wait = Some(Box::pin(slots_for(
+                    self.budget.clone(),
+                    part_of(self.budget.as_ref(), *files),
+                )));
             }
             tokio::select! {
                 // Messages already read go with it, and the verdicts already made: the files
@@ -231,6 +234,13 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                 {
                     slots_wait = None;
                     let (entries, files) = waiting.pop_front().expect("a chunk was waiting");
+                    // A chunk larger than the whole budget is planned in parts.
+                    let part = u64::from(part_of(self.budget.as_ref(), files));
+                    let (entries, rest) = split_after_files(entries, part as usize);
+                    if !rest.is_empty() {
+                        waiting.push_front((rest, files - part));
+                    }
+                    let files = part;
                     let plans = self.plan(shared, work, entries, &mut dirs, &mut out, slots).await?;
                     completion.planned(
                         files,
@@ -411,6 +421,13 @@ async fn commit_group(
         Ok(files)
     })
     .await?
+}
+
+/// How many of a chunk's `files` files to plan next: all of them, or as many as `budget`
+/// holds in all.
+fn part_of(budget: Option<&FileBudget>, files: u64) -> u32 {
+    let cap = budget.map_or(u32::MAX, FileBudget::capacity);
+    files.min(u64::from(cap)) as u32
 }
 
 /// A wait for a manifest chunk's slots.

@@ -267,16 +267,27 @@ pub fn wait_listening(port: u16) {
 
 /// The hsxfer binary run with its open-files limit at 1,024, soft and hard, as on many hosts.
 pub fn limited() -> Command {
+    limited_to(1024)
+}
+
+/// The hsxfer binary run with its open-files limit at `nofile`, soft and hard.
+pub fn limited_to(nofile: u32) -> Command {
     isolate_profiles();
     let mut c = Command::new("prlimit");
-    c.args(["--nofile=1024:1024", env!("CARGO_BIN_EXE_hsxfer")]);
+    c.arg(format!("--nofile={nofile}:{nofile}"))
+        .arg(env!("CARGO_BIN_EXE_hsxfer"));
     c
 }
 
 /// `hsxfer serve --no-auth` at `ulimit -n 1024` on a free loopback port, serving `root`.
 pub fn limited_server(root: &Path) -> (ServerProc, u16) {
+    limited_server_at(root, 1024)
+}
+
+/// `hsxfer serve --no-auth` at `ulimit -n NOFILE` on a free loopback port, serving `root`.
+pub fn limited_server_at(root: &Path, nofile: u32) -> (ServerProc, u16) {
     let port = free_port();
-    let child = limited()
+    let child = limited_to(nofile)
         .args(["serve", "--no-auth", "--port", &port.to_string(), "--root"])
         .arg(root)
         .stderr(std::process::Stdio::null())
