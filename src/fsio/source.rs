@@ -35,7 +35,7 @@ pub enum SourceError {
     #[error("{0}: names ending in .hsxfer-part or .hsxfer-journal are hsxfer's temporary files (left by an interrupted transfer?): remove or rename it")]
     Reserved(String),
     /// A name that is not UTF-8 (not supported by this protocol version).
-    #[error("{0}: file names must be UTF-8")]
+    #[error("{0}: the name is not UTF-8, which hsxfer's protocol needs: rename it (the `convmv` tool renames a whole tree named in Latin-1) and copy again")]
     NotUtf8(String),
     /// Permission denied or another I/O error.
     #[error("{path}: {source}")]
@@ -289,6 +289,22 @@ mod tests {
         read_block(a, 1, 2, &mut buf).unwrap();
         assert_eq!(buf, b"bc");
         assert!(read_block(a, 2, 2, &mut buf).is_err());
+    }
+
+    #[test]
+    fn a_name_that_is_not_utf8_stops_the_walk_and_says_what_to_do() {
+        let t = tempfile::tempdir().unwrap();
+        let top = t.path().join("top");
+        fs::create_dir(&top).unwrap();
+        fs::write(top.join(OsStr::from_bytes(b"lat\xe9n")), b"x").unwrap();
+        let e = SourceTree::walk(&Scope::Local, &[top], true).unwrap_err();
+        assert!(matches!(e, SourceError::NotUtf8(_)), "{e:?}");
+        let message = e.to_string();
+        assert!(
+            message.contains("top/lat\u{FFFD}n: the name is not UTF-8")
+                && message.contains("convmv"),
+            "{message}"
+        );
     }
 
     #[test]
