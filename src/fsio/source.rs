@@ -65,7 +65,8 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> SourceError + '_ {
 }
 
 /// Where a listed file lives, and which file it was when listed: blocks are read only from
-/// that very file (same device and inode), never from one swapped in under its name.
+/// that very file (same device and inode), never from one swapped in under its name, and
+/// only while it is unmodified since (same modification time).
 #[derive(Debug)]
 pub struct SourceFile {
     /// The path it was listed under.
@@ -75,6 +76,7 @@ pub struct SourceFile {
     follow: bool,
     dev: u64,
     ino: u64,
+    mtime_ns: i64,
 }
 
 /// A walked set of sources: the manifest and where each file lives.
@@ -146,6 +148,7 @@ impl SourceTree {
                     follow,
                     dev: st.st_dev,
                     ino: st.st_ino,
+                    mtime_ns: at::mtime_ns(st),
                 },
             );
             return Ok(());
@@ -221,7 +224,9 @@ fn top_level_name(src: &Path) -> Result<String, SourceError> {
 /// per channel avoids faulting in fresh memory for every block), directly from the disk
 /// where a large file's block is not cached ([`read_uncached`]). A short read means the file
 /// shrank after it was listed; a file that is no longer the one listed (another device or
-/// inode under its name) is refused.
+/// inode under its name) is refused, and so is one modified since it was listed: its blocks
+/// would not be one version of it, and every block is checked, so a file sent without error
+/// was not written to before its last block was read.
 pub fn read_block(src: &SourceFile, offset: u64, len: u32, buf: &mut Vec<u8>) -> io::Result<()> {
     let nofollow = if src.follow { 0 } else { libc::O_NOFOLLOW };
     let f = OpenOptions::new()
@@ -232,6 +237,12 @@ pub fn read_block(src: &SourceFile, offset: u64, len: u32, buf: &mut Vec<u8>) ->
     if (m.dev(), m.ino()) != (src.dev, src.ino) {
         return Err(io::Error::other(format!(
             "{} was replaced while it was being sent (it is no longer the file listed)",
+            src.path.display()
+        )));
+    }
+    if m.mtime() * 1_000_000_000 + m.mtime_nsec() != src.mtime_ns {
+        return Err(io::Error::other(format!(
+            "{} was modified while it was being sent: copy again once nothing writes to it",
             src.path.display()
         )));
     }
@@ -289,6 +300,37 @@ mod tests {
         read_block(a, 1, 2, &mut buf).unwrap();
         assert_eq!(buf, b"bc");
         assert!(read_block(a, 2, 2, &mut buf).is_err());
+    }
+
+    #[test]
+    fn a_file_modified_after_it_was_listed_is_not_read() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("f");
+        fs::write(&path, b"0123456789").unwrap();
+        let listed = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+        fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(listed)
+            .unwrap();
+        let tree = SourceTree::walk(&Scope::Local, std::slice::from_ref(&path), false).unwrap();
+        let mut buf = Vec::new();
+        read_block(tree.file(0).unwrap(), 0, 4, &mut buf).unwrap();
+        // A write moves the modification time (set here, as a write within the clock's tick
+        // might not).
+        fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(listed + std::time::Duration::from_nanos(1))
+            .unwrap();
+        let e = read_block(tree.file(0).unwrap(), 4, 4, &mut buf).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("was modified while it was being sent"),
+            "{e}"
+        );
     }
 
     #[test]
