@@ -211,13 +211,16 @@ fn busy_hint(b: &Busy) -> &'static str {
     }
 }
 
-/// What to do about an I/O error the user can act on: a limit on open files.
+/// What to do about an I/O error the user can act on: a limit on open files, a port taken.
 fn io_hint(e: &io::Error) -> &'static str {
     match e.raw_os_error() {
         Some(libc::EMFILE) => {
             " (the open-files limit of the process that hit it: raise `ulimit -n`)"
         }
         Some(libc::ENFILE) => " (the system's open-files limit: raise `fs.file-max`)",
+        Some(libc::EADDRINUSE) => {
+            " (another program listens there: stop it or choose another port)"
+        }
         _ => "",
     }
 }
@@ -277,6 +280,7 @@ mod tests {
              process that hit it: raise `ulimit -n`)"
         );
         assert!(err(libc::ENFILE).ends_with("raise `fs.file-max`)"));
+        assert!(err(libc::EADDRINUSE).ends_with("choose another port)"));
         assert_eq!(
             err(libc::ENOENT),
             "creating d/f: No such file or directory (os error 2)"

@@ -403,7 +403,8 @@ mod tests {
         let e = anyhow::Error::new(hsxfer::Error::io("listening on 127.0.0.1:7420")(io));
         assert_eq!(
             one_line(&e),
-            "listening on 127.0.0.1:7420: Address already in use (os error 98)"
+            "listening on 127.0.0.1:7420: Address already in use (os error 98) (another \
+             program listens there: stop it or choose another port)"
         );
         let e = anyhow::anyhow!("inner").context("outer");
         assert_eq!(one_line(&e), "outer: inner");
