@@ -11,6 +11,7 @@ use crate::fsio::dest::DestError;
 use crate::fsio::profiles::ProfileError;
 use crate::fsio::root::RootError;
 use crate::fsio::source::SourceError;
+use crate::os_hint;
 use crate::transport::cc::NotInForce;
 use crate::transport::route;
 
@@ -161,7 +162,7 @@ pub enum Error {
     #[error("{0}")]
     Usage(String),
     /// Another I/O error, with what was being done.
-    #[error("{context}: {source}{}", io_hint(.source))]
+    #[error("{context}: {source}{}", os_hint::for_io(.source))]
     Io {
         /// What was being done.
         context: String,
@@ -208,20 +209,6 @@ fn busy_hint(b: &Busy) -> &'static str {
         (true, true) => " (the server's `ServerLimits::sessions_per_address` raises the limit)",
         (true, false) => " (the server's `ServerLimits::sessions` raises the limit)",
         (false, _) => "",
-    }
-}
-
-/// What to do about an I/O error the user can act on: a limit on open files, a port taken.
-fn io_hint(e: &io::Error) -> &'static str {
-    match e.raw_os_error() {
-        Some(libc::EMFILE) => {
-            " (the open-files limit of the process that hit it: raise `ulimit -n`)"
-        }
-        Some(libc::ENFILE) => " (the system's open-files limit: raise `fs.file-max`)",
-        Some(libc::EADDRINUSE) => {
-            " (another program listens there: stop it or choose another port)"
-        }
-        _ => "",
     }
 }
 

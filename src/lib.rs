@@ -42,6 +42,7 @@ pub mod fsio;
 #[cfg(feature = "lab")]
 pub mod lab;
 pub mod metrics;
+mod os_hint;
 pub mod session;
 pub mod transport;
 pub mod tuning;

@@ -38,7 +38,7 @@ pub enum SourceError {
     #[error("{0}: the name is not UTF-8, which hsxfer's protocol needs: rename it (the `convmv` tool renames a whole tree named in Latin-1) and copy again")]
     NotUtf8(String),
     /// Permission denied or another I/O error.
-    #[error("{path}: {source}")]
+    #[error("{path}: {source}{}", crate::os_hint::for_io(.source))]
     Io {
         /// The path.
         path: String,
