@@ -72,6 +72,20 @@ pub fn check_relative(path: &str) -> Result<Vec<&str>, PathError> {
     Ok(parts)
 }
 
+#[cfg(test)]
+impl Entry {
+    /// An entry with id `id`, of `kind`, and a made-up path and metadata: for tests.
+    pub(crate) fn sample(id: u32, kind: EntryKind) -> Entry {
+        Entry {
+            id,
+            path: format!("t/{id}"),
+            mode: 0o644,
+            mtime_ns: 0,
+            kind,
+        }
+    }
+}
+
 /// Splits a manifest chunk after its first `files` files: the front part keeps them, the
 /// directories among them and those that follow the last of them; the rest starts at the next
 /// file (empty when the chunk has no more). A receiver whose budget of open files is smaller
@@ -94,26 +108,16 @@ pub fn split_after_files(mut entries: Vec<Entry>, files: usize) -> (Vec<Entry>, 
 mod tests {
     use super::*;
 
-    fn entry(id: u32, kind: EntryKind) -> Entry {
-        Entry {
-            id,
-            path: format!("t/{id}"),
-            mode: 0o644,
-            mtime_ns: 0,
-            kind,
-        }
-    }
-
     #[test]
     fn a_chunk_splits_after_its_nth_file_with_the_directories_that_follow() {
         let f = EntryKind::File { size: 1 };
         let chunk = vec![
-            entry(0, EntryKind::Dir),
-            entry(1, f),
-            entry(2, f),
-            entry(3, EntryKind::Dir),
-            entry(4, f),
-            entry(5, EntryKind::Dir),
+            Entry::sample(0, EntryKind::Dir),
+            Entry::sample(1, f),
+            Entry::sample(2, f),
+            Entry::sample(3, EntryKind::Dir),
+            Entry::sample(4, f),
+            Entry::sample(5, EntryKind::Dir),
         ];
         let ids = |v: &[Entry]| v.iter().map(|e| e.id).collect::<Vec<_>>();
         let (front, rest) = split_after_files(chunk.clone(), 2);

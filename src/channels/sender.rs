@@ -259,13 +259,7 @@ mod tests {
     use super::*;
 
     fn entry(id: u32, size: u64) -> Entry {
-        Entry {
-            id,
-            path: format!("f{id}"),
-            mode: 0o644,
-            mtime_ns: 0,
-            kind: EntryKind::File { size },
-        }
+        Entry::sample(id, EntryKind::File { size })
     }
 
     fn send(file: u32, have: Vec<u64>) -> FilePlan {

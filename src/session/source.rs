@@ -242,17 +242,12 @@ mod tests {
     use super::*;
 
     fn entry(id: u32, dir: bool) -> Entry {
-        Entry {
-            id,
-            path: format!("e{id}"),
-            mode: 0o644,
-            mtime_ns: 0,
-            kind: if dir {
-                EntryKind::Dir
-            } else {
-                EntryKind::File { size: 1 }
-            },
-        }
+        let kind = if dir {
+            EntryKind::Dir
+        } else {
+            EntryKind::File { size: 1 }
+        };
+        Entry::sample(id, kind)
     }
 
     #[test]
