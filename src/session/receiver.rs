@@ -160,8 +160,8 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         let mut verified: Vec<u32> = Vec::new();
         let mut arrivals = Arrivals::take(&mut self.growth);
         // Manifest chunks in order, with their file counts, the first waiting for its files'
-        // slots in the budget. The wait lives across turns of the loop, so it keeps its place
-        // in the budget's queue.
+        // slots in the budget (a chunk larger than the whole budget queued in parts it holds).
+        // The wait lives across turns of the loop, so it keeps its place in the budget's queue.
         let mut waiting: VecDeque<(Vec<Entry>, u64)> = VecDeque::new();
         let mut slots_wait: Option<SlotsWait> = None;
         while !completion.finished() {
@@ -175,10 +175,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                 ));
             }
             if let (None, Some((_, files))) = (&slots_wait, waiting.front()) {
-                slots_wait = Some(Box::pin(slots_for(
-                    self.budget.clone(),
-                    part_of(self.budget.as_ref(), *files),
-                )));
+                slots_wait = Some(Box::pin(slots_for(self.budget.clone(), *files as u32)));
             }
             tokio::select! {
                 // Messages already read go with it, and the verdicts already made: the files
@@ -191,7 +188,8 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                                 let files =
                                     entries.iter().filter(|e| e.kind != EntryKind::Dir).count();
                                 completion.announced(files as u64, last)?;
-                                waiting.push_back((entries, files as u64));
+                                let most = self.budget.as_ref().map_or(u32::MAX, FileBudget::capacity);
+                                queue_in_parts(&mut waiting, entries, files as u64, most.into());
                             }
                             Message::Sealed { file, digests, more } => {
                                 let v = lock(shared).tracker.on_sealed(file, digests, more)?;
@@ -234,13 +232,6 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                 {
                     slots_wait = None;
                     let (entries, files) = waiting.pop_front().expect("a chunk was waiting");
-                    // A chunk larger than the whole budget is planned in parts.
-                    let part = u64::from(part_of(self.budget.as_ref(), files));
-                    let (entries, rest) = split_after_files(entries, part as usize);
-                    if !rest.is_empty() {
-                        waiting.push_front((rest, files - part));
-                    }
-                    let files = part;
                     let plans = self.plan(shared, work, entries, &mut dirs, &mut out, slots).await?;
                     completion.planned(
                         files,
@@ -423,11 +414,20 @@ async fn commit_group(
     .await?
 }
 
-/// How many of a chunk's `files` files to plan next: all of them, or as many as `budget`
-/// holds in all.
-fn part_of(budget: Option<&FileBudget>, files: u64) -> u32 {
-    let cap = budget.map_or(u32::MAX, FileBudget::capacity);
-    files.min(u64::from(cap)) as u32
+/// Queues a manifest chunk of `files` files for planning, in parts of at most `most` files
+/// (a budget's capacity), each with its file count.
+fn queue_in_parts(
+    waiting: &mut VecDeque<(Vec<Entry>, u64)>,
+    mut entries: Vec<Entry>,
+    mut files: u64,
+    most: u64,
+) {
+    while files > most {
+        let (part, rest) = split_after_files(entries, most as usize);
+        waiting.push_back((part, most));
+        (entries, files) = (rest, files - most);
+    }
+    waiting.push_back((entries, files));
 }
 
 /// A wait for a manifest chunk's slots.
