@@ -6,7 +6,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::IntoRawFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::dir::Dir;
@@ -233,21 +233,21 @@ pub fn read_block(src: &SourceFile, offset: u64, len: u32, buf: &mut Vec<u8>) ->
         .read(true)
         .custom_flags(nofollow | libc::O_NONBLOCK)
         .open(&src.path)?;
-    let m = f.metadata()?;
-    if (m.dev(), m.ino()) != (src.dev, src.ino) {
+    let st = at::fstat(&f)?;
+    if (st.st_dev, st.st_ino) != (src.dev, src.ino) {
         return Err(io::Error::other(format!(
             "{} was replaced while it was being sent (it is no longer the file listed)",
             src.path.display()
         )));
     }
-    if m.mtime() * 1_000_000_000 + m.mtime_nsec() != src.mtime_ns {
+    if at::mtime_ns(&st) != src.mtime_ns {
         return Err(io::Error::other(format!(
             "{} was modified while it was being sent: copy again once nothing writes to it",
             src.path.display()
         )));
     }
     buf.resize(len as usize, 0);
-    let direct = if m.len() >= DIRECT_MIN_BYTES {
+    let direct = if st.st_size as u64 >= DIRECT_MIN_BYTES {
         read_uncached(&f, offset, buf)?
     } else {
         0
