@@ -559,11 +559,10 @@ c_run() { # tool r
 # it about half as fast (hsxfer 3,307 files/s against 5,368-7,241 in the runs after), and
 # whichever tool ran first paid it. Later copies reuse the pages the earlier ones freed.
 c_warm_up() {
-    local tool
-    for tool in hsxfer globus; do
+    local -n cmd
+    for cmd in HS_SMALL_CMD GUC_SMALL_CMD; do
         rm -rf -- "$DEST"; mkdir -p "$DEST"
-        if [[ $tool == hsxfer ]]; then "${HS_SMALL_CMD[@]}" >/dev/null 2>&1 || warn "c warm-up: hsxfer failed"
-        else                           "${GUC_SMALL_CMD[@]}" >/dev/null 2>&1 || warn "c warm-up: globus-url-copy failed"; fi
+        "${cmd[@]}" >/dev/null 2>&1 || warn "c warm-up: ${cmd[0]##*/} failed"
     done
     rm -rf -- "$DEST"
     between_runs

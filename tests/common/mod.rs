@@ -265,12 +265,8 @@ pub fn wait_listening(port: u16) {
     }
 }
 
-/// The hsxfer binary run with its open-files limit at 1,024, soft and hard, as on many hosts.
-pub fn limited() -> Command {
-    limited_to(1024)
-}
-
-/// The hsxfer binary run with its open-files limit at `nofile`, soft and hard.
+/// The hsxfer binary run with its open-files limit at `nofile`, soft and hard (1,024 on many
+/// hosts).
 pub fn limited_to(nofile: u32) -> Command {
     isolate_profiles();
     let mut c = Command::new("prlimit");
