@@ -46,6 +46,7 @@ mod os_hint;
 pub mod session;
 pub mod transport;
 pub mod tuning;
+pub mod units;
 
 /// Measuring a path and saving what was learned: [`probe::probe`] ranks configurations on a
 /// path through a server, [`probe::PathProfile`] is what it found, [`probe::ProfileStore`]

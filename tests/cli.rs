@@ -482,6 +482,9 @@ fn bad_input_gets_a_clear_one_line_error() {
     );
 }
 
+/// A file larger than the destination's free space is refused before its first byte, with
+/// the numbers and nothing left behind; files that fill the disk while they are written end
+/// the copy with what to do, and no file is left incomplete under its final name.
 #[test]
 fn a_full_disk_fails_cleanly_with_no_file_under_the_final_name() {
     if !nix::unistd::geteuid().is_root() {
@@ -506,20 +509,53 @@ fn a_full_disk_fails_cleanly_with_no_file_under_the_final_name() {
     let _u = Unmount(&small);
     let src = tempfile::tempdir().unwrap();
     random_file(&src.path().join("f"), 8 << 20, 6);
+    random_file(&src.path().join("a"), 1536 << 10, 7);
+    random_file(&src.path().join("b"), 1536 << 10, 8);
     let port = free_port();
     let _s = serve(root.path(), port);
+    let port = port.to_string();
+    let from = |name: &str| src.path().join(name).to_str().unwrap().to_owned();
     fails_with(
         &[
             "copy",
             "--no-auth",
             "--port",
-            &port.to_string(),
-            src.path().join("f").to_str().unwrap(),
+            &port,
+            &from("f"),
             "127.0.0.1:small/f",
         ],
-        "No space left",
+        "creating small/f: it needs 8.00 MiB and its filesystem has 2.00 MiB free: free space \
+         there or choose another destination",
     );
-    assert!(!small.join("f").exists());
+    let left: Vec<_> = fs::read_dir(&small).unwrap().collect();
+    assert!(left.is_empty(), "a refused file left {left:?}");
+
+    let (a, b) = (from("a"), from("b"));
+    fails_with(
+        &[
+            "copy",
+            "--no-auth",
+            "--port",
+            &port,
+            &a,
+            &b,
+            "127.0.0.1:small/",
+        ],
+        "No space left on device (os error 28) (the filesystem is full: free space there, then \
+         run the same copy again: it resumes where it stopped)",
+    );
+    let committed: Vec<_> = ["a", "b"]
+        .into_iter()
+        .filter(|n| small.join(n).exists())
+        .collect();
+    assert!(committed.len() < 2, "3 MiB fitted in a 2 MiB tmpfs");
+    for n in committed {
+        assert_eq!(
+            fs::read(small.join(n)).unwrap(),
+            fs::read(src.path().join(n)).unwrap(),
+            "{n} is under its final name but not whole"
+        );
+    }
 }
 
 #[test]

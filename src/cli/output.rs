@@ -17,7 +17,8 @@ use hsxfer::{LiveStats, TransferReport};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use tokio::sync::oneshot;
 
-use super::units::{fmt_bytes, fmt_rate};
+use super::units::fmt_rate;
+use hsxfer::units::fmt_bytes;
 
 /// How to report.
 #[derive(Clone, Copy, PartialEq, Eq)]

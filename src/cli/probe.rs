@@ -12,8 +12,9 @@ use hsxfer::DEFAULT_PORT;
 use serde_json::json;
 
 use super::output::Mode;
-use super::units::{self, fmt_bytes, fmt_rate};
+use super::units::{self, fmt_rate};
 use super::AuthArgs;
+use hsxfer::units::fmt_bytes;
 
 /// Options of `hsxfer probe`.
 #[derive(Args)]

@@ -71,22 +71,6 @@ fn scale(num: &str, mult: u64) -> Option<u64> {
     (f.is_finite() && f >= 0.0 && v < u64::MAX as f64).then_some(v as u64)
 }
 
-/// Formats bytes with a binary unit, e.g. `1.50 GiB`.
-pub fn fmt_bytes(b: u64) -> String {
-    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < U.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.2} {}", U[i])
-    }
-}
-
 /// Formats bits per second with a decimal unit, e.g. `9.41 Gbit/s`.
 pub fn fmt_rate(bps: f64) -> String {
     const U: [&str; 5] = ["bit/s", "kbit/s", "Mbit/s", "Gbit/s", "Tbit/s"];
@@ -114,7 +98,6 @@ mod tests {
         assert_eq!(parse_rate("500M"), Ok(500_000_000));
         assert_eq!(parse_rate("2.5Gbit"), Ok(2_500_000_000));
         assert_eq!(parse_rate("100Mbps"), Ok(100_000_000));
-        assert_eq!(fmt_bytes(1536), "1.50 KiB");
         assert_eq!(fmt_rate(9.41e9), "9.41 Gbit/s");
     }
 

@@ -1,7 +1,7 @@
 //! Files on disk: walking sources into a manifest, confining paths to a server root,
-//! resolving `cp`-style destinations, writing partial files with a restart journal (large
-//! ones past the page cache), and the saved path profiles of `hsxfer probe`; and telling
-//! remote operands (`HOST:PATH`) from local paths.
+//! resolving `cp`-style destinations, checking there is room, writing partial files with a
+//! restart journal (large ones past the page cache), and the saved path profiles of
+//! `hsxfer probe`; and telling remote operands (`HOST:PATH`) from local paths.
 
 pub mod at;
 pub mod dest;
@@ -9,6 +9,7 @@ pub mod direct;
 pub mod operands;
 pub mod partial;
 pub mod profiles;
+pub mod room;
 pub mod root;
 pub mod source;
 

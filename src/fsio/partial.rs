@@ -27,7 +27,7 @@ use nix::fcntl::OFlag;
 
 use super::direct::{DirectWriter, DIRECT_MIN_BYTES};
 use super::root::Scope;
-use super::{at, ns_to_system_time};
+use super::{at, ns_to_system_time, room};
 use crate::channels::frame::{BlockCheck, DigestKey};
 use crate::channels::journal::{self, JournalHeader};
 use crate::channels::{blocks, Digest};
@@ -342,14 +342,15 @@ pub fn prepare_in(
             });
         }
     }
-    let file = at::open(
-        dir,
-        &place.sibling(PART_SUFFIX),
-        OFlag::O_RDWR | OFlag::O_CREAT,
-        0o600,
-    )?;
-    lock(&file, target)?;
+    let part = place.sibling(PART_SUFFIX);
     let journaled = blocks::count(meta.size, block_size) >= 2;
+    if journaled {
+        // What a partial file from an earlier attempt holds needs no new room.
+        let held = at::stat(dir, &part)?.map_or(0, |m| m.st_blocks as u64 * 512);
+        room::ensure_room(dir, meta.size.saturating_sub(held))?;
+    }
+    let file = at::open(dir, &part, OFlag::O_RDWR | OFlag::O_CREAT, 0o600)?;
+    lock(&file, target)?;
     let header = JournalHeader {
         block_size,
         size: meta.size,
