@@ -96,7 +96,20 @@ async fn trees_with_empty_dirs_and_a_thousand_small_files() {
         want,
         "symlinks are passed over"
     );
-    // Pull into an existing directory: lands as back/copy.
+    let passed_over = |notes: &[String], side: &str, name: &str| {
+        let want = format!(
+            "{side}: not copied: 1 entry that is neither a file nor a directory (symlinks \
+             inside a tree are not followed; sockets, FIFOs and devices are not copied): {name}"
+        );
+        assert!(notes.contains(&want), "{notes:?}");
+    };
+    passed_over(&r.tuning.notes, "client", "tree/a/link-out");
+    // Pull into an existing directory: lands as back/copy. The server says what it passed
+    // over.
+    std::os::unix::fs::symlink("/etc/passwd", root.path().join("copy/a/link-in")).unwrap();
+    // The link changed its directory's mtime, which the pull copies.
+    let mut want = snapshot(&root.path().join("copy"));
+    want.retain(|e| !e.0.ends_with("link-in"));
     let back = src.path().join("back");
     fs::create_dir(&back).unwrap();
     let r = client(addr, 16)
@@ -105,6 +118,7 @@ async fn trees_with_empty_dirs_and_a_thousand_small_files() {
         .unwrap();
     assert!(r.verified);
     assert_eq!(snapshot(&back.join("copy")), want);
+    passed_over(&r.tuning.notes, "server", "copy/a/link-in");
     // A directory without -r is refused.
     let e = client(addr, 2)
         .pull(&["copy".into()], false, back.to_str().unwrap(), &live(2))

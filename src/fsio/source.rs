@@ -85,7 +85,8 @@ pub struct SourceTree {
     /// Directories before their contents, files with sizes; ids are indices.
     pub entries: Vec<Entry>,
     files: HashMap<u32, SourceFile>,
-    /// Entries inside trees that were passed over (symlinks, sockets, devices).
+    /// Entries inside trees that were passed over (symlinks, sockets, devices), by their
+    /// names in the manifest.
     pub passed_over: Vec<String>,
 }
 
@@ -183,7 +184,7 @@ impl SourceTree {
             } else if at::is_file(&cst) {
                 self.add(&cpath, crel, &cst, None, false)?;
             } else {
-                self.passed_over.push(cpath.display().to_string());
+                self.passed_over.push(crel);
             }
         }
         Ok(())
@@ -192,6 +193,30 @@ impl SourceTree {
     /// Where file `id` lives.
     pub fn file(&self, id: u32) -> Option<&SourceFile> {
         self.files.get(&id)
+    }
+
+    /// One line saying what the walk passed over (the first names, and how many more), for
+    /// the copy's warnings; `None` when it passed over nothing. A tree copied without some of
+    /// its entries must say so, whichever end walked it.
+    pub fn passed_over_note(&self) -> Option<String> {
+        const NAMED: usize = 5;
+        let n = self.passed_over.len();
+        let first = self.passed_over.iter().take(NAMED).cloned();
+        let mut names = first.collect::<Vec<_>>().join(", ");
+        if n > NAMED {
+            names.push_str(&format!(" and {} more", n - NAMED));
+        }
+        (n > 0).then(|| {
+            format!(
+                "not copied: {n} {} (symlinks inside a tree are not followed; sockets, FIFOs \
+                 and devices are not copied): {names}",
+                if n == 1 {
+                    "entry that is neither a file nor a directory"
+                } else {
+                    "entries that are neither files nor directories"
+                }
+            )
+        })
     }
 
     /// Total bytes of all files.
@@ -271,6 +296,24 @@ mod tests {
     use std::fs;
 
     #[test]
+    fn the_note_names_the_first_five_passed_over_and_counts_the_rest() {
+        assert_eq!(SourceTree::default().passed_over_note(), None);
+        let tree = SourceTree {
+            passed_over: (1..=7).map(|i| format!("t/s{i}")).collect(),
+            ..SourceTree::default()
+        };
+        let note = tree.passed_over_note().unwrap();
+        assert!(
+            note.starts_with("not copied: 7 entries that are neither files nor"),
+            "{note}"
+        );
+        assert!(
+            note.ends_with(": t/s1, t/s2, t/s3, t/s4, t/s5 and 2 more"),
+            "{note}"
+        );
+    }
+
+    #[test]
     fn walks_dirs_before_contents_and_passes_over_symlinks() {
         let t = tempfile::tempdir().unwrap();
         let top = t.path().join("top");
@@ -285,7 +328,12 @@ mod tests {
             ["top", "top/b", "top/sub", "top/sub/a", "top/sub/empty"]
         );
         assert_eq!(tree.total_bytes(), 3);
-        assert_eq!(tree.passed_over.len(), 1);
+        assert_eq!(tree.passed_over, ["top/link"]);
+        assert_eq!(
+            tree.passed_over_note().unwrap(),
+            "not copied: 1 entry that is neither a file nor a directory (symlinks inside a tree \
+             are not followed; sockets, FIFOs and devices are not copied): top/link"
+        );
         assert!(matches!(
             SourceTree::walk(&Scope::Local, std::slice::from_ref(&top), false),
             Err(SourceError::IsDirectory(_))

@@ -323,14 +323,15 @@ impl Client {
         live: &Arc<LiveStats>,
     ) -> Result<TransferReport> {
         let tree = SourceTree::walk(&Scope::Local, sources, recursive)?;
-        for p in &tree.passed_over {
-            tracing::warn!("passed over {p}: not a regular file or directory");
-        }
         let op = Operation::Push {
             dest: dest.to_string(),
             sources: sources.len() as u32,
         };
-        let o = self.open(op, true, live).await?;
+        let mut o = self.open(op, true, live).await?;
+        let passed_over = tree.passed_over_note();
+        o.tuning
+            .notes
+            .extend(passed_over.map(|n| format!("client: {n}")));
         self.send(o, SendSource::tree(tree), "push", live).await
     }
 

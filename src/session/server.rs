@@ -419,12 +419,13 @@ async fn control(
     let _transfer = matches!(req.op, Operation::Push { .. } | Operation::Pull { .. })
         .then(|| TransferSession(&state));
     // Check everything that can be checked before any data channel is opened.
-    let prepared = prepare_role(&state, &req).await.and_then(|role| {
+    let prepared = prepare_role(&state, &req).await.and_then(|(role, note)| {
         let (side, tuner) = match role {
             Role::Send(_) => (Side::Send, online_tuner(&req.tuning, req.channels)),
             Role::Receive(_) => (Side::Receive, None),
         };
-        let plan = local_plan(&req.tuning, side, req.channels, "server", tuner.as_ref())?;
+        let mut plan = local_plan(&req.tuning, side, req.channels, "server", tuner.as_ref())?;
+        plan.notes.extend(note.map(|n| format!("server: {n}")));
         Ok((role, plan, tuner))
     });
     let (role, plan, tuner) = match prepared {
@@ -634,14 +635,17 @@ enum Role {
 
 /// Checks the request and prepares this end's part: the destination of a push, the walked
 /// tree of a pull (on the blocking pool: a large tree takes a while to list), or the
-/// generated data of a bench.
-async fn prepare_role(state: &State, req: &Request) -> Result<Role> {
+/// generated data of a bench; with a note for the client on what a pull's walk passed over.
+async fn prepare_role(state: &State, req: &Request) -> Result<(Role, Option<String>)> {
     Ok(match &req.op {
-        Operation::Push { dest, sources } => Role::Receive(Sink::Files(Destination::resolve(
-            state.scope.clone(),
-            dest,
-            *sources,
-        )?)),
+        Operation::Push { dest, sources } => (
+            Role::Receive(Sink::Files(Destination::resolve(
+                state.scope.clone(),
+                dest,
+                *sources,
+            )?)),
+            None,
+        ),
         Operation::Pull { sources, recursive } => {
             let (mut paths, mut seen) = (Vec::with_capacity(sources.len()), HashSet::new());
             for s in sources {
@@ -656,21 +660,25 @@ async fn prepare_role(state: &State, req: &Request) -> Result<Role> {
                 tokio::task::spawn_blocking(move || SourceTree::walk(&scope, &paths, recursive))
                     .await
                     .map_err(Error::task("listing the sources"))??;
-            Role::Send(SendSource::tree(tree))
+            let note = tree.passed_over_note();
+            (Role::Send(SendSource::tree(tree)), note)
         }
         Operation::Bench {
             direction: BenchDirection::Upload,
             ..
-        } => Role::Receive(Sink::Discard),
+        } => (Role::Receive(Sink::Discard), None),
         Operation::Bench {
             direction: BenchDirection::Download,
             bytes,
             seconds,
-        } => Role::Send(SendSource::generated(
-            req.block_size,
-            bench_limit(*bytes, *seconds)?,
-            req.channels,
-            Duration::from_micros(req.tuning.rtt_us),
-        )),
+        } => (
+            Role::Send(SendSource::generated(
+                req.block_size,
+                bench_limit(*bytes, *seconds)?,
+                req.channels,
+                Duration::from_micros(req.tuning.rtt_us),
+            )),
+            None,
+        ),
     })
 }
