@@ -166,6 +166,65 @@ fn resumes_after_the_server_was_killed(ns: Option<&common::netns::LoopbackNs>, t
     assert!(!root.path().join(".big.hsxfer-part").exists());
 }
 
+/// Ctrl-C during an MPTCP copy run as root ends it with exit code 130 and how to resume,
+/// after putting back the path manager's limits the copy raised for its subflows: killed by
+/// the signal, it left them raised for good. In a namespace of its own, since the limits are
+/// the namespace's.
+#[test]
+fn an_interrupted_mptcp_copy_puts_the_path_managers_limits_back() {
+    if !common::netns::root_or_skip("an_interrupted_mptcp_copy_puts_the_path_managers_limits_back")
+    {
+        return;
+    }
+    let ns = common::netns::LoopbackNs::up();
+    let limits = || {
+        let out = ns.command("ip").args(["mptcp", "limits"]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    random_file(&src.path().join("big"), 300 << 20, 13);
+    let port = free_port();
+    let p = port.to_string();
+    let _server = ServerProc(
+        ns.command(BIN)
+            .args(["serve", "--mptcp", "--no-auth", "--port", &p, "--root"])
+            .arg(root.path())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    ns.wait_listening(port);
+    // The server raised the subflow limit for the ports it announces.
+    let before = limits();
+    let copy = ns
+        .command(BIN)
+        .args(["copy", "--mptcp", "-n", "4", "--no-auth", "--pace", "200M"])
+        .args(["--port", &p])
+        .arg(src.path().join("big"))
+        .arg("127.0.0.1:big")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_len(
+        &root.path().join(".big.hsxfer-journal"),
+        JOURNAL_WITH_ONE_RECORD,
+    );
+    let raised = limits();
+    assert_ne!(raised, before, "the copy did not raise the limits");
+    let pid = nix::unistd::Pid::from_raw(copy.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let out = copy.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(
+        err.contains("hsxfer: error: interrupted: run the same command again to resume"),
+        "{err}"
+    );
+    assert_eq!(limits(), before, "raised to {raised} and left so");
+}
+
 #[test]
 fn killed_client_then_rerun_resumes_a_pull() {
     let root = tempfile::tempdir().unwrap();

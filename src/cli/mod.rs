@@ -503,8 +503,35 @@ pub fn main() -> ExitCode {
         Ok(false) => ExitCode::from(1),
         Err(e) => {
             output::error(mode, &e);
-            ExitCode::from(1)
+            // 128 + SIGINT, as a shell reports a command stopped by Ctrl-C.
+            ExitCode::from(if e.is::<Interrupted>() { 130 } else { 1 })
         }
+    }
+}
+
+/// A command stopped by SIGINT or SIGTERM, after what it changed on this host was put back.
+#[derive(Debug)]
+struct Interrupted(&'static str);
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "interrupted{}", self.0)
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
+/// Runs `work` until it ends or SIGINT or SIGTERM arrives. Then it is dropped, not the
+/// process killed, so that its destructors put back what it changed in the kernel (the
+/// MPTCP path manager's limits and type, set for a copy run as root) and stop an SSH
+/// one-shot server.
+async fn until_stopped(
+    work: impl std::future::Future<Output = anyhow::Result<bool>>,
+    what_is_kept: &'static str,
+) -> anyhow::Result<bool> {
+    tokio::select! {
+        r = work => r,
+        _ = stop_signal() => Err(Interrupted(what_is_kept).into()),
     }
 }
 
@@ -524,10 +551,13 @@ fn raise_open_files_limit() {
 async fn run(cmd: Command) -> anyhow::Result<bool> {
     match cmd {
         Command::Serve(a) => serve(a).await,
-        Command::Copy(a) => copy(a).await,
-        Command::Bench(a) => bench(a).await,
+        Command::Copy(a) => {
+            let kept = ": run the same command again to resume (what arrived verified is kept)";
+            until_stopped(copy(a), kept).await
+        }
+        Command::Bench(a) => until_stopped(bench(a), "").await,
         Command::Doctor(a) => doctor::doctor(a),
-        Command::Probe(a) => probe::run(a).await,
+        Command::Probe(a) => until_stopped(probe::run(a), ": nothing was saved").await,
         Command::Lab(a) => lab::lab(a),
         Command::Cc(a) => cc::cc(a).await,
         Command::Token(TokenArgs {
@@ -540,8 +570,9 @@ async fn run(cmd: Command) -> anyhow::Result<bool> {
     }
 }
 
-/// SIGINT or SIGTERM (what a service manager sends): the server then stops through its
-/// destructors, which remove what it set up in the kernel (MPTCP subflow ports).
+/// SIGINT or SIGTERM (what a service manager sends): a server or a transfer then stops
+/// through its destructors, which remove what it set up in the kernel (MPTCP subflow ports
+/// and limits).
 async fn stop_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     match signal(SignalKind::terminate()) {
