@@ -225,6 +225,22 @@ fn an_interrupted_mptcp_copy_puts_the_path_managers_limits_back() {
     assert_eq!(limits(), before, "raised to {raised} and left so");
 }
 
+/// Output into a pipe whose reader has gone (`hsxfer cc list | head -1`) is dropped, not a
+/// panic: `println!` panicked on the broken pipe, with a backtrace.
+#[test]
+fn a_closed_stdout_is_not_a_crash() {
+    let (read, write) = nix::unistd::pipe().unwrap();
+    drop(read);
+    let out = Command::new(BIN)
+        .args(["cc", "list"])
+        .stdout(Stdio::from(write))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 #[test]
 fn killed_client_then_rerun_resumes_a_pull() {
     let root = tempfile::tempdir().unwrap();

@@ -69,12 +69,17 @@ fn expand(names: &[String]) -> anyhow::Result<Vec<&'static str>> {
 fn list(json: bool) -> anyhow::Result<bool> {
     let entries = inspect::list().context("reading the congestion controls")?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&entries)?);
+        outln!("{}", serde_json::to_string_pretty(&entries)?);
         return Ok(true);
     }
-    println!(
+    outln!(
         "{:<14} {:<32} {:<8} {:<8} {:>8} {:>8}",
-        "NAME", "REGISTERED", "ALLOWED", "BUNDLED", "SOCKETS", "REPAIRS"
+        "NAME",
+        "REGISTERED",
+        "ALLOWED",
+        "BUNDLED",
+        "SOCKETS",
+        "REPAIRS"
     );
     for e in &entries {
         let (sockets, repairs) = match e.stats {
@@ -85,7 +90,7 @@ fn list(json: bool) -> anyhow::Result<bool> {
             (o, true) => format!("{} (default)", o.describe()),
             (o, false) => o.describe().to_string(),
         };
-        println!(
+        outln!(
             "{:<14} {:<32} {:<8} {:<8} {:>8} {:>8}",
             e.name,
             origin,
@@ -105,7 +110,7 @@ fn list(json: bool) -> anyhow::Result<bool> {
         .map(|e| e.name.as_str())
         .collect();
     if !absent.is_empty() {
-        println!(
+        outln!(
             "not registered: {}; run `hsxfer cc load NAME --pin` (root) to make one available",
             absent.join(" ")
         );
@@ -122,16 +127,16 @@ async fn load(names: &[&'static str], pin: bool) -> anyhow::Result<bool> {
                 if pin {
                     let pinned = reg.pin()?;
                     if pinned.opened_bpffs {
-                        println!("/sys/fs/bpf: others may now pass through it (o+x), to reach the maps hsxfer shares with users without root");
+                        outln!("/sys/fs/bpf: others may now pass through it (o+x), to reach the maps hsxfer shares with users without root");
                     }
-                    println!("{name}: registered and pinned at {}", pinned.path.display());
+                    outln!("{name}: registered and pinned at {}", pinned.path.display());
                 } else {
-                    println!("{name}: registered");
+                    outln!("{name}: registered");
                 }
                 held.push(reg);
             }
             Err(bundled::BundledError::AlreadyRegistered(n, by)) => {
-                println!("{n}: already registered ({by}), left as it is");
+                outln!("{n}: already registered ({by}), left as it is");
             }
             Err(e) => bail!(e),
         }
@@ -139,12 +144,10 @@ async fn load(names: &[&'static str], pin: bool) -> anyhow::Result<bool> {
     if pin || held.is_empty() {
         return Ok(true);
     }
-    println!(
-        "holding them until Ctrl-C (or `hsxfer cc unload`); --pin keeps them without a process"
-    );
+    outln!("holding them until Ctrl-C (or `hsxfer cc unload`); --pin keeps them without a process");
     tokio::signal::ctrl_c().await?;
     drop(held);
-    println!("unregistered");
+    outln!("unregistered");
     Ok(true)
 }
 
@@ -152,14 +155,14 @@ fn unload(names: &[&'static str]) -> anyhow::Result<bool> {
     for name in names {
         let origin = inspect::origin(name);
         if origin == Origin::Kernel {
-            println!("{name}: provided by the kernel, not by hsxfer; left alone");
+            outln!("{name}: provided by the kernel, not by hsxfer; left alone");
             continue;
         }
         let unpinned = bundled::unpin(name)?;
         let detached = bundled::detach(name)?;
         match (unpinned, detached) {
-            (false, 0) if origin == Origin::Absent => println!("{name}: not registered"),
-            _ => println!("{name}: unregistered"),
+            (false, 0) if origin == Origin::Absent => outln!("{name}: not registered"),
+            _ => outln!("{name}: unregistered"),
         }
     }
     Ok(true)

@@ -59,7 +59,7 @@ pub fn doctor(a: DoctorArgs) -> anyhow::Result<bool> {
         host,
     });
     match a.mode() {
-        Mode::Json => println!(
+        Mode::Json => outln!(
             "{}",
             json!({"type": "doctor", "schema": DOCTOR_SCHEMA, "findings": findings})
         ),
@@ -99,16 +99,16 @@ const WIDTH: usize = 100;
 
 fn print_human(findings: &[Finding]) {
     for f in findings {
-        println!("{:<4} {}: {}", tag(f.status), f.check, as_flags(&f.summary));
+        outln!("{:<4} {}: {}", tag(f.status), f.check, as_flags(&f.summary));
         if let Some(d) = &f.detail {
             print_wrapped(&as_flags(d));
         }
         for fix in &f.fix {
-            println!("{INDENT}fix: {fix}");
+            outln!("{INDENT}fix: {fix}");
         }
     }
     let count = |s: Status| findings.iter().filter(|f| f.status == s).count();
-    println!(
+    outln!(
         "{} checks: {} ok, {} warn, {} fail, {} info",
         findings.len(),
         count(Status::Ok),
@@ -123,7 +123,7 @@ fn print_wrapped(text: &str) {
     let mut line = String::new();
     for word in text.split_whitespace() {
         if !line.is_empty() && INDENT.len() + line.len() + 1 + word.len() > WIDTH {
-            println!("{INDENT}{line}");
+            outln!("{INDENT}{line}");
             line.clear();
         }
         if !line.is_empty() {
@@ -132,6 +132,6 @@ fn print_wrapped(text: &str) {
         line.push_str(word);
     }
     if !line.is_empty() {
-        println!("{INDENT}{line}");
+        outln!("{INDENT}{line}");
     }
 }

@@ -241,7 +241,7 @@ pub fn lab(a: LabArgs) -> anyhow::Result<bool> {
         LabCommand::Up(u) => up(u),
         LabCommand::Down(n) => {
             Lab::down(&n.name)?;
-            println!("lab '{}' removed", n.name);
+            outln!("lab '{}' removed", n.name);
             Ok(true)
         }
         LabCommand::Status(s) => status(s),
@@ -249,7 +249,7 @@ pub fn lab(a: LabArgs) -> anyhow::Result<bool> {
         LabCommand::Addr(a) => {
             let lab = Lab::open(&a.name.name)?;
             lab.check_host(a.host)?;
-            println!("{}", lab.addr(a.host));
+            outln!("{}", lab.addr(a.host));
             Ok(true)
         }
         LabCommand::Run(r) => run(r),
@@ -300,7 +300,7 @@ fn up(u: UpArgs) -> anyhow::Result<bool> {
         Some(selfcheck::run_checks(&mut lab)?)
     };
     if u.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
                 "type": "lab", "state": lab.state, "bdp_packets": spec.bdp_packets(),
@@ -318,7 +318,7 @@ fn print_lab(lab: &Lab) {
     let rtts: Vec<String> = (1..=s.senders)
         .map(|i| format!("{:?}", s.rtt_of(i)))
         .collect();
-    println!(
+    outln!(
         "lab '{}' up: {} sender(s) → router → receiver, bottleneck {}, RTT {}, queue {} packets ({:.3} BDP), MTU {}, GRO {}{}",
         s.name,
         s.senders,
@@ -335,8 +335,8 @@ fn print_lab(lab: &Lab) {
         .iter()
         .map(|h| format!("{h} {}", h.addr()))
         .collect();
-    println!("hosts: {}", hosts.join(" · "));
-    println!(
+    outln!("hosts: {}", hosts.join(" · "));
+    outln!(
         "an hsxfer server runs on the receiver: hsxfer lab exec sender1 -- hsxfer bench {} --token-file {} --cc cubic",
         Host::Receiver.addr(),
         lab.state.token_file.display()
@@ -352,21 +352,21 @@ fn mark(ok: bool) -> &'static str {
 }
 
 fn print_check(c: &SelfCheck, spec: &LabSpec) {
-    println!(
+    outln!(
         "{} RTT: ping {:.2} ms for {:.2} ms set ({:+.1} %)",
         mark(c.rtt_ok),
         c.rtt_measured_ms,
         c.rtt_set_ms,
         (c.rtt_measured_ms / c.rtt_set_ms - 1.0) * 100.0
     );
-    println!(
+    outln!(
         "{} rate: one BBR flow, BDP queue: {} = {:.1} % of the {} goodput ceiling",
         if c.rate_ok { "ok  " } else { "WARN" },
         units::fmt_rate(c.single_flow_bps),
         c.single_flow_utilization * 100.0,
         units::fmt_rate(spec.goodput_ceiling_bps())
     );
-    println!(
+    outln!(
         "{} queue: limit {} packets read back; {} drops at the bottleneck, {} elsewhere; delay release lateness p99 {} µs",
         mark(c.queue_ok),
         c.queue_limit.map_or("?".into(), |l| l.to_string()),
@@ -375,7 +375,7 @@ fn print_check(c: &SelfCheck, spec: &LabSpec) {
         c.lateness_p99_us
     );
     for n in &c.notes {
-        println!("note: {n}");
+        outln!("note: {n}");
     }
 }
 
@@ -383,7 +383,7 @@ fn status(s: StatusArgs) -> anyhow::Result<bool> {
     let lab = Lab::open(&s.name.name)?;
     let c = counters::read(&lab, Duration::from_millis(250))?;
     if s.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
                 "type": "lab_status", "state": lab.state, "counters": c,
@@ -393,7 +393,7 @@ fn status(s: StatusArgs) -> anyhow::Result<bool> {
     }
     print_lab(&lab);
     if let Some(b) = c.bottleneck() {
-        println!(
+        outln!(
             "bottleneck: {} packets sent, {} dropped, backlog {} packets ({} bytes) of {}",
             b.packets,
             b.drops,
@@ -404,7 +404,7 @@ fn status(s: StatusArgs) -> anyhow::Result<bool> {
     }
     match &c.element {
         Some(e) => {
-            println!(
+            outln!(
                 "delay element: pid {}, {}, {}, up {:.0} s",
                 e.pid,
                 if e.realtime {
@@ -415,12 +415,13 @@ fn status(s: StatusArgs) -> anyhow::Result<bool> {
                 e.cpu.map_or("not pinned".into(), |c| format!("CPU {c}")),
                 e.uptime_s
             );
-            println!(
+            outln!(
                 "  latest wake-up after its deadline: {} µs; longest wake-to-verdict: {} µs",
-                e.wake_late_max_us, e.busy_max_us
+                e.wake_late_max_us,
+                e.busy_max_us
             );
             for q in &e.queues {
-                println!(
+                outln!(
                     "  queue {}: delay {:.3} ms, holding {} (max {}), {} released, lateness p50 {} µs p99 {} µs max {} µs, {} over 1 ms, {} overflowed",
                     q.queue,
                     q.delay_us as f64 / 1e3,
@@ -436,19 +437,19 @@ fn status(s: StatusArgs) -> anyhow::Result<bool> {
             }
         }
         None => {
-            println!("delay element: NOT RUNNING (no statistics); `hsxfer lab down` and up again")
+            outln!("delay element: NOT RUNNING (no statistics); `hsxfer lab down` and up again")
         }
     }
-    println!("drops outside the bottleneck: {}", c.drops_elsewhere());
+    outln!("drops outside the bottleneck: {}", c.drops_elsewhere());
     let cpus: Vec<String> = c
         .cpu_busy
         .iter()
         .enumerate()
         .map(|(i, b)| format!("cpu{i} {:.0} %", b * 100.0))
         .collect();
-    println!("CPU busy: {}", cpus.join(", "));
+    outln!("CPU busy: {}", cpus.join(", "));
     if let Some(check) = &lab.state.check {
-        println!("self-check at up:");
+        outln!("self-check at up:");
         print_check(check, lab.spec());
     }
     Ok(true)
@@ -489,9 +490,9 @@ fn run(r: RunArgs) -> anyhow::Result<bool> {
         buffer: r.buffer,
     };
     let report = experiments::run(r.experiment, &opts, &mut |line| eprintln!("{line}"))?;
-    println!("{}", report.markdown);
+    outln!("{}", report.markdown);
     for f in &report.files {
-        println!("wrote {}", f.display());
+        outln!("wrote {}", f.display());
     }
     Ok(true)
 }

@@ -1,5 +1,16 @@
 //! Command-line parsing and dispatch. Each subcommand maps onto one library call.
 
+/// `println!` that leaves off when stdout is closed (`hsxfer cc list | head -1`) instead of
+/// panicking on the broken pipe.
+macro_rules! outln {
+    () => {
+        $crate::cli::output::stdout_line(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::cli::output::stdout_line(format_args!($($arg)*))
+    };
+}
+
 mod cc;
 mod doctor;
 mod flags;
@@ -564,7 +575,7 @@ async fn run(cmd: Command) -> anyhow::Result<bool> {
             command: TokenCommand::New { file },
         }) => {
             hsxfer::session::token::new(&file)?;
-            println!("wrote a new token to {} (mode 600)", file.display());
+            outln!("wrote a new token to {} (mode 600)", file.display());
             Ok(true)
         }
     }
@@ -647,7 +658,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<bool> {
         token,
         key: identity.fingerprint().to_string(),
     };
-    println!("{line}");
+    outln!("{line}");
     std::io::stdout().flush()?;
     // The client holds the SSH channel open for the whole copy: its end means the client is
     // gone, and nothing must stay running. A plain thread reads it: a read on tokio's

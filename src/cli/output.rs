@@ -29,6 +29,13 @@ pub enum Mode {
     Human,
 }
 
+/// Writes one line to stdout. A closed stdout is not an error of the command: what is left
+/// to print is dropped, as with a JSON event.
+pub fn stdout_line(args: std::fmt::Arguments<'_>) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_fmt(args).and_then(|()| out.write_all(b"\n"));
+}
+
 fn emit(event: &Event) {
     let line = serde_json::to_string(event).expect("events serialize");
     let mut out = std::io::stdout().lock();
@@ -279,7 +286,7 @@ fn human_summary(r: &TransferReport) {
         Transport::Tcp => "",
         Transport::Mptcp => "MPTCP ",
     };
-    println!(
+    outln!(
         "{}: {} in {:.2} s = {} over {} {kind}channels, {} files ({} skipped, {} resumed), {check} (keyed BLAKE3 per block, on arrival and end to end)",
         r.operation,
         fmt_bytes(r.bytes),
@@ -291,11 +298,11 @@ fn human_summary(r: &TransferReport) {
         fmt_bytes(r.bytes_resumed),
     );
     match &r.cipher_suite {
-        Some(suite) => println!("  encrypted: TLS 1.3, {suite}"),
-        None => println!("  NOT encrypted: clear text (--no-encrypt)"),
+        Some(suite) => outln!("  encrypted: TLS 1.3, {suite}"),
+        None => outln!("  NOT encrypted: clear text (--no-encrypt)"),
     }
     let t = &r.tuning;
-    println!(
+    outln!(
         "  path: rtt {:.3} ms, rate {} ({}), buffers {}",
         t.rtt_us as f64 / 1e3,
         t.rate_bps.map_or("unknown".into(), |b| fmt_rate(b as f64)),
@@ -303,11 +310,11 @@ fn human_summary(r: &TransferReport) {
         t.buffer
     );
     for o in &t.origin {
-        println!("  tuning: {o}");
+        outln!("  tuning: {o}");
     }
     if let Some(online) = &t.online {
         for d in &online.decisions {
-            println!("  tuning at {:.2} s: {}", d.t, d.what);
+            outln!("  tuning at {:.2} s: {}", d.t, d.what);
         }
     }
     for c in &r.channels {
@@ -315,7 +322,7 @@ fn human_summary(r: &TransferReport) {
             (Some(l), Some(r)) => format!("  subflow {l} > {r}"),
             _ => String::new(),
         };
-        println!(
+        outln!(
             "  channel {:>2}: {:>12} {:>14}  cc {:<9} sndbuf {:>22}  pace {:>13}  start {:>7}  retrans {:>6}  losses {:>4}{subflow}",
             c.index,
             fmt_bytes(c.bytes),
@@ -338,18 +345,18 @@ fn human_summary(r: &TransferReport) {
             s.global, s.congestion_events
         )
     });
-    println!(
+    outln!(
         "  fairness (Jain) {jain}, retransmits {}, loss synchronization {sync}",
         r.retransmits
     );
     if let Some(d) = r.dmctcp {
-        println!(
+        outln!(
             "  dmctcp group: {} channels, {} cuts of the largest window, {} losses kept, {} slow-start channels took the first cut's ssthresh",
             d.channels, d.cuts, d.losses_kept, d.slow_start_adopted
         );
     }
     if let Some(g) = r.guard {
-        println!(
+        outln!(
             "  window guard: {} garbage ssthresh values replaced ({} from skipped kernel calls), {} windows clamped (bundled congestion controls, sending host)",
             g.ssthresh_repairs, g.skipped_ssthresh, g.cwnd_repairs
         );

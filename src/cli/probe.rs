@@ -133,7 +133,7 @@ pub fn print_probe(mode: Mode, host: &str, r: &ProbeReport, saved: Option<&PathB
             let mut v = serde_json::to_value(r).expect("probe report serializes");
             v["type"] = json!("probe");
             v["profile"] = json!(saved.map(|p| p.display().to_string()));
-            println!("{v}");
+            outln!("{v}");
         }
         Mode::Human => human(host, r, saved),
     }
@@ -153,7 +153,7 @@ fn bottleneck(rate_bps: Option<u64>, random_loss: bool) -> String {
 }
 
 fn human(host: &str, r: &ProbeReport, saved: Option<&PathBuf>) {
-    println!(
+    outln!(
         "path to {host} ({}): rtt {:.2} ms, bottleneck {}, queue {}, random loss {:.3} %, up to {} in flight per socket",
         r.direction.as_str(),
         r.rtt_ms,
@@ -163,12 +163,19 @@ fn human(host: &str, r: &ProbeReport, saved: Option<&PathBuf>) {
         r.loss * 100.0,
         fmt_bytes(r.window_max),
     );
-    println!(
+    outln!(
         "  {:>4}  {:<10} {:>8}  {:<8} {:>14} {:>9} {:>10} {:>6}",
-        "rank", "cc", "channels", "pacing", "goodput", "retrans", "confidence", "trials"
+        "rank",
+        "cc",
+        "channels",
+        "pacing",
+        "goodput",
+        "retrans",
+        "confidence",
+        "trials"
     );
     for (i, c) in r.candidates.iter().enumerate() {
-        println!(
+        outln!(
             "  {:>4}  {:<10} {:>8}  {:<8} {:>14} {:>8.3}% {:>10.2} {:>6}",
             i + 1,
             c.config.cc,
@@ -180,16 +187,16 @@ fn human(host: &str, r: &ProbeReport, saved: Option<&PathBuf>) {
             c.trials
         );
     }
-    println!("recommended: hsxfer copy {} SRC... {host}:DST", r.flags);
+    outln!("recommended: hsxfer copy {} SRC... {host}:DST", r.flags);
     match saved {
-        Some(p) => println!(
+        Some(p) => outln!(
             "saved as the profile of {host} ({}) in {}: copies and benches there use it unless told otherwise (--tune off)",
             r.direction.as_str(),
             shown(p)
         ),
-        None => println!("not saved: no cache directory (set HOME or XDG_CACHE_HOME)"),
+        None => outln!("not saved: no cache directory (set HOME or XDG_CACHE_HOME)"),
     }
-    println!("probe took {:.1} s", r.seconds);
+    outln!("probe took {:.1} s", r.seconds);
 }
 
 fn shown(p: &Path) -> String {
