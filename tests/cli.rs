@@ -5,7 +5,7 @@ mod common;
 
 use std::fs;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{
@@ -98,28 +98,19 @@ fn resumes_after_the_server_was_killed(ns: Option<&common::netns::LoopbackNs>, t
     let server = serve(root.path(), port);
     let p = port.to_string();
     let file = src.path().join("big");
-    let copy = run(BIN)
-        .args([
-            "copy",
-            "-n",
-            "4",
-            "--no-auth",
-            "--pace",
-            "200M",
-            "--port",
-            &p,
-        ])
-        .args(transport)
-        .arg(&file)
-        .arg("127.0.0.1:big")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for_len(
-        &root.path().join(".big.hsxfer-journal"),
-        JOURNAL_WITH_ONE_RECORD,
-    );
+    let mut copy = run(BIN);
+    copy.args([
+        "copy",
+        "-n",
+        "4",
+        "--no-auth",
+        "--pace",
+        "200M",
+        "--port",
+        &p,
+    ])
+    .args(transport);
+    let copy = push_past_its_first_block(copy, &file, root.path());
     drop(server); // SIGKILL
     let out = copy.wait_with_output().unwrap();
     assert!(!out.status.success(), "the interrupted copy must fail");
@@ -197,20 +188,10 @@ fn an_interrupted_mptcp_copy_puts_the_path_managers_limits_back() {
     ns.wait_listening(port);
     // The server raised the subflow limit for the ports it announces.
     let before = limits();
-    let copy = ns
-        .command(BIN)
-        .args(["copy", "--mptcp", "-n", "4", "--no-auth", "--pace", "200M"])
-        .args(["--port", &p])
-        .arg(src.path().join("big"))
-        .arg("127.0.0.1:big")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for_len(
-        &root.path().join(".big.hsxfer-journal"),
-        JOURNAL_WITH_ONE_RECORD,
-    );
+    let mut copy = ns.command(BIN);
+    copy.args(["copy", "--mptcp", "-n", "4", "--no-auth", "--pace", "200M"])
+        .args(["--port", &p]);
+    let copy = push_past_its_first_block(copy, &src.path().join("big"), root.path());
     let raised = limits();
     assert_ne!(raised, before, "the copy did not raise the limits");
     let pid = nix::unistd::Pid::from_raw(copy.id() as i32);
@@ -239,6 +220,20 @@ fn a_closed_stdout_is_not_a_crash() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(!err.contains("panicked"), "{err}");
+}
+
+/// Starts `copy` pushing `file` to `big` on a server serving `root` (stderr piped), and
+/// returns once the server has journaled its first block.
+fn push_past_its_first_block(mut copy: Command, file: &Path, root: &Path) -> Child {
+    let child = copy
+        .arg(file)
+        .arg("127.0.0.1:big")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_len(&root.join(".big.hsxfer-journal"), JOURNAL_WITH_ONE_RECORD);
+    child
 }
 
 #[test]
