@@ -17,6 +17,7 @@ const FLAGS: &[(&str, &str)] = &[
     ("`token_file`", "--token-file FILE"),
     ("`key_file`", "--key-file FILE"),
     ("`no_auth`", "--no-auth"),
+    ("`recursive`", "--recursive"),
     ("`mptcp`", "--mptcp"),
     ("`budget`", "--budget"),
     ("`policy`", "--policy"),

@@ -26,7 +26,7 @@ pub enum SourceError {
     #[error("{0}: no such file or directory")]
     Missing(String),
     /// A directory was named without `-r`.
-    #[error("{0} is a directory (use -r to copy directories)")]
+    #[error("{0} is a directory (give `recursive` to copy directories)")]
     IsDirectory(String),
     /// Neither a regular file nor a directory.
     #[error("{0} is not a regular file or directory")]
