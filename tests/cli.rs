@@ -157,12 +157,13 @@ fn resumes_after_the_server_was_killed(ns: Option<&common::netns::LoopbackNs>, t
     assert!(!root.path().join(".big.hsxfer-part").exists());
 }
 
-/// Ctrl-C during an MPTCP copy run as root ends it with exit code 130 and how to resume,
-/// after putting back the path manager's limits the copy raised for its subflows: killed by
-/// the signal, it left them raised for good. In a namespace of its own, since the limits are
-/// the namespace's.
+/// Ctrl-C (or a closed terminal's SIGHUP) during an MPTCP copy run as root ends it with
+/// exit code 128 + the signal and how to resume, after putting back the path manager's
+/// limits the copy raised for its subflows: killed by the signal, it left them raised for
+/// good. In a namespace of its own, since the limits are the namespace's.
 #[test]
 fn an_interrupted_mptcp_copy_puts_the_path_managers_limits_back() {
+    use nix::sys::signal::{kill, Signal};
     if !common::netns::root_or_skip("an_interrupted_mptcp_copy_puts_the_path_managers_limits_back")
     {
         return;
@@ -173,37 +174,37 @@ fn an_interrupted_mptcp_copy_puts_the_path_managers_limits_back() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let src = tempfile::tempdir().unwrap();
-    let root = tempfile::tempdir().unwrap();
     random_file(&src.path().join("big"), 300 << 20, 13);
-    let port = free_port();
-    let p = port.to_string();
-    let _server = ServerProc(
-        ns.command(BIN)
-            .args(["serve", "--mptcp", "--no-auth", "--port", &p, "--root"])
-            .arg(root.path())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    ns.wait_listening(port);
-    // The server raised the subflow limit for the ports it announces.
-    let before = limits();
-    let mut copy = ns.command(BIN);
-    copy.args(["copy", "--mptcp", "-n", "4", "--no-auth", "--pace", "200M"])
-        .args(["--port", &p]);
-    let copy = push_past_its_first_block(copy, &src.path().join("big"), root.path());
-    let raised = limits();
-    assert_ne!(raised, before, "the copy did not raise the limits");
-    let pid = nix::unistd::Pid::from_raw(copy.id() as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
-    let out = copy.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(130), "{err}");
-    assert!(
-        err.contains("hsxfer: error: interrupted: run the same command again to resume"),
-        "{err}"
-    );
-    assert_eq!(limits(), before, "raised to {raised} and left so");
+    for (signal, code) in [(Signal::SIGINT, 130), (Signal::SIGHUP, 129)] {
+        let root = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let p = port.to_string();
+        let _server = ServerProc(
+            ns.command(BIN)
+                .args(["serve", "--mptcp", "--no-auth", "--port", &p, "--root"])
+                .arg(root.path())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        ns.wait_listening(port);
+        // The server raised the subflow limit for the ports it announces.
+        let before = limits();
+        let mut copy = ns.command(BIN);
+        copy.args(["copy", "--mptcp", "-n", "4", "--no-auth", "--pace", "200M"])
+            .args(["--port", &p]);
+        let copy = push_past_its_first_block(copy, &src.path().join("big"), root.path());
+        let raised = limits();
+        assert_ne!(raised, before, "the copy did not raise the limits");
+        kill(nix::unistd::Pid::from_raw(copy.id() as i32), signal).unwrap();
+        let out = copy.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{signal}: {err}");
+        let said =
+            format!("hsxfer: error: interrupted by {signal}: run the same command again to resume");
+        assert!(err.contains(&said), "{err}");
+        assert_eq!(limits(), before, "{signal}: raised to {raised} and left so");
+    }
 }
 
 /// Output into a pipe whose reader has gone (`hsxfer cc list | head -1`) is dropped, not a

@@ -124,7 +124,10 @@ async fn trees_with_empty_dirs_and_a_thousand_small_files() {
         .pull(&["copy".into()], false, back.to_str().unwrap(), &live(2))
         .await;
     let e = e.unwrap_err().to_string();
-    assert!(e.ends_with("is a directory (give `recursive` to copy directories)"), "{e}");
+    assert!(
+        e.ends_with("is a directory (give `recursive` to copy directories)"),
+        "{e}"
+    );
 }
 
 #[tokio::test]

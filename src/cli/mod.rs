@@ -44,6 +44,7 @@ use hsxfer::{
     Auth, BenchAmount, BenchDirection, Client, LiveStats, MptcpPaths, PathRate, Server,
     ServerConfig, ServerLimits, TransferOptions, TransferReport, Tune, DEFAULT_PORT,
 };
+use nix::sys::signal::Signal;
 
 use hsxfer::fsio::operands::{self, Direction};
 use output::Mode;
@@ -514,35 +515,38 @@ pub fn main() -> ExitCode {
         Ok(false) => ExitCode::from(1),
         Err(e) => {
             output::error(mode, &e);
-            // 128 + SIGINT, as a shell reports a command stopped by Ctrl-C.
-            ExitCode::from(if e.is::<Interrupted>() { 130 } else { 1 })
+            // 128 + the signal's number, as a shell reports a command a signal stopped.
+            match e.downcast_ref::<Interrupted>() {
+                Some(Interrupted(sig, _)) => ExitCode::from(128 + *sig as u8),
+                None => ExitCode::from(1),
+            }
         }
     }
 }
 
-/// A command stopped by SIGINT or SIGTERM, after what it changed on this host was put back.
+/// A command stopped by a signal, after what it changed on this host was put back.
 #[derive(Debug)]
-struct Interrupted(&'static str);
+struct Interrupted(Signal, &'static str);
 
 impl std::fmt::Display for Interrupted {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "interrupted{}", self.0)
+        write!(f, "interrupted by {}{}", self.0, self.1)
     }
 }
 
 impl std::error::Error for Interrupted {}
 
-/// Runs `work` until it ends or SIGINT or SIGTERM arrives. Then it is dropped, not the
-/// process killed, so that its destructors put back what it changed in the kernel (the
-/// MPTCP path manager's limits and type, set for a copy run as root) and stop an SSH
-/// one-shot server.
+/// Runs `work` until it ends or a stop signal ([`stop_signal`]) arrives. Then it is
+/// dropped, not the process killed, so that its destructors put back what it changed in the
+/// kernel (the MPTCP path manager's limits and type, set for a copy run as root) and stop an
+/// SSH one-shot server.
 async fn until_stopped(
     work: impl std::future::Future<Output = anyhow::Result<bool>>,
     what_is_kept: &'static str,
 ) -> anyhow::Result<bool> {
     tokio::select! {
         r = work => r,
-        _ = stop_signal() => Err(Interrupted(what_is_kept).into()),
+        sig = stop_signal() => Err(Interrupted(sig, what_is_kept).into()),
     }
 }
 
@@ -581,19 +585,20 @@ async fn run(cmd: Command) -> anyhow::Result<bool> {
     }
 }
 
-/// SIGINT or SIGTERM (what a service manager sends): a server or a transfer then stops
-/// through its destructors, which remove what it set up in the kernel (MPTCP subflow ports
-/// and limits).
-async fn stop_signal() {
+/// The first of SIGINT (Ctrl-C), SIGTERM (what a service manager sends) and SIGHUP (the
+/// terminal or SSH session closed) to arrive: a server or a transfer then stops through its
+/// destructors, which remove what it set up in the kernel (MPTCP subflow ports and limits),
+/// where the signal's default action would have killed it with them in place.
+async fn stop_signal() -> Signal {
     use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        },
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
+    let listen = |kind: SignalKind| signal(kind).expect("signal handlers can be installed");
+    let mut int = listen(SignalKind::interrupt());
+    let mut term = listen(SignalKind::terminate());
+    let mut hup = listen(SignalKind::hangup());
+    tokio::select! {
+        _ = int.recv() => Signal::SIGINT,
+        _ = term.recv() => Signal::SIGTERM,
+        _ = hup.recv() => Signal::SIGHUP,
     }
 }
 
@@ -649,7 +654,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<bool> {
     let Some(token) = announce else {
         tokio::select! {
             r = async { if a.once { server.run_once().await } else { server.run().await } } => r?,
-            _ = stop_signal() => tracing::info!("interrupted, stopping"),
+            sig = stop_signal() => tracing::info!("{sig}: stopping"),
         }
         return Ok(true);
     };
@@ -672,7 +677,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<bool> {
     tokio::select! {
         r = server.run_once() => r?,
         _ = closed => tracing::info!("the ssh channel closed, stopping"),
-        _ = stop_signal() => tracing::info!("interrupted, stopping"),
+        sig = stop_signal() => tracing::info!("{sig}: stopping"),
     }
     Ok(true)
 }
