@@ -169,10 +169,12 @@ fn an_interrupted_mptcp_copy_puts_the_path_managers_limits_back() {
         return;
     }
     let ns = common::netns::LoopbackNs::up();
-    let limits = || {
-        let out = ns.command("ip").args(["mptcp", "limits"]).output().unwrap();
+    let ip_mptcp = |what: &str| {
+        let out = ns.command("ip").args(["mptcp", what]).output().unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
+    let limits = || ip_mptcp("limits");
+    let endpoints = || ip_mptcp("endpoint");
     let src = tempfile::tempdir().unwrap();
     random_file(&src.path().join("big"), 300 << 20, 13);
     for (signal, code) in [(Signal::SIGINT, 130), (Signal::SIGHUP, 129)] {
@@ -188,7 +190,17 @@ fn an_interrupted_mptcp_copy_puts_the_path_managers_limits_back() {
                 .unwrap(),
         );
         ns.wait_listening(port);
-        // The server raised the subflow limit for the ports it announces.
+        // The server announces 8 subflow ports, raising the subflow limit for them, just
+        // after it starts listening: the limits to come back to are those once it has.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while endpoints().lines().count() < 8 {
+            assert!(
+                Instant::now() < deadline,
+                "no ports announced: {}",
+                endpoints()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let before = limits();
         let mut copy = ns.command(BIN);
         copy.args(["copy", "--mptcp", "-n", "4", "--no-auth", "--pace", "200M"])
