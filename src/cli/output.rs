@@ -29,8 +29,8 @@ pub enum Mode {
     Human,
 }
 
-/// Writes one line to stdout. A closed stdout is not an error of the command: what is left
-/// to print is dropped, as with a JSON event.
+/// Writes one line to stdout (line-buffered: the newline sends it). A closed stdout is not
+/// an error of the command: what is left to print is dropped, JSON events included.
 pub fn stdout_line(args: std::fmt::Arguments<'_>) {
     let mut out = std::io::stdout().lock();
     let _ = out.write_fmt(args).and_then(|()| out.write_all(b"\n"));
@@ -38,9 +38,7 @@ pub fn stdout_line(args: std::fmt::Arguments<'_>) {
 
 fn emit(event: &Event) {
     let line = serde_json::to_string(event).expect("events serialize");
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
+    outln!("{line}");
 }
 
 /// Prints the `start` event.
