@@ -13,6 +13,7 @@
 //! integrity checks and all); goodput is taken from the sending sockets' `TCP_INFO` over the
 //! second half of each trial, after the ramp-up.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -25,7 +26,7 @@ use super::secure::Security;
 use super::tuning::host_facts;
 use super::Auth;
 use crate::channels::control::{BenchDirection, HostFacts, Policy};
-use crate::channels::telemetry::{MeterEnd, Sample};
+use crate::channels::telemetry::{MeterEnd, Sample, TunerReport};
 use crate::error::{Error, Result};
 use crate::fsio::profiles::{ProfileError, ProfileStore};
 use crate::transport::mptcp::MAX_EXTRA_SUBFLOWS;
@@ -241,6 +242,18 @@ pub fn learned_profile(
     })
 }
 
+/// The bottleneck rate, bytes/s, that the first trial's meter measured (raised by any probe
+/// above it that the path delivered); `None` unless the meter filled the path. Not the
+/// estimate that losses at the caps lowered since: on a busy host such losses come from
+/// late ACKs as often as from the path, the trials and copies that follow lower it again
+/// if they must, and a copy saves the measured rate in its profile too ([`learned_profile`]).
+fn path_rate(tuner: &TunerReport) -> Option<f64> {
+    tuner
+        .measured_bps
+        .filter(|_| tuner.meter == Some(MeterEnd::Full))
+        .map(|b| b as f64 / 8.0)
+}
+
 /// Seconds since the Unix epoch.
 pub fn unix_now() -> u64 {
     SystemTime::now()
@@ -324,10 +337,7 @@ pub async fn probe(
         )
         .await?;
     let tuner = first.tuner.clone().unwrap_or_default();
-    let rate = tuner
-        .rate_bps
-        .filter(|_| tuner.meter == Some(MeterEnd::Full))
-        .map(|b| b as f64 / 8.0);
+    let rate = path_rate(&tuner);
     let mss = first.mss;
     let window_limited = tuner.meter == Some(MeterEnd::WindowLimited);
     let path = PathFacts {
@@ -336,7 +346,7 @@ pub async fn probe(
         rate,
         reached: first.steady.goodput.max(first.peak),
         queue_packets: rate.map(|r| {
-            (first.max_srtt - first.min_rtt.unwrap_or(0.0)).max(0.0) * r
+            (first.loaded_rtt - first.min_rtt.unwrap_or(0.0)).max(0.0) * r
                 / (mss + WIRE_OVERHEAD) as f64
         }),
         loss: if rate.is_some() {
@@ -447,10 +457,11 @@ struct Measured {
     steady: Steady,
     peak: f64,
     min_rtt: Option<f64>,
-    max_srtt: f64,
+    /// The RTT under load, seconds ([`loaded_srtt`]).
+    loaded_rtt: f64,
     mss: u32,
     cc: Option<String>,
-    tuner: Option<crate::channels::telemetry::TunerReport>,
+    tuner: Option<TunerReport>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -516,12 +527,49 @@ impl Runner {
                 .filter(|us| *us > 0)
                 .min()
                 .map(|us| us as f64 / 1e6),
-            max_srtt: percentile(samples.iter().map(|s| s.tcp.rtt_us), 0.95) as f64 / 1e6,
+            loaded_rtt: loaded_srtt(&samples),
             mss: samples.iter().map(|s| s.tcp.mss).max().unwrap_or(0),
             cc: report.channels.first().and_then(|c| c.cc.clone()),
             tuner: report.tuning.online,
         })
     }
+}
+
+/// Segments a channel delivers before its smoothed RTT counts: by then it has forgotten the
+/// handshake's RTT, which includes the server's accept (the srtt keeps 7/8 per ACK).
+const SRTT_SETTLED_SEGMENTS: u32 = 100;
+
+/// The smoothed RTT under load, seconds: the larger of
+/// - the highest the first channel reached while it metered alone (before another channel
+///   delivered): the meter ends at a loss, or once the queue grew the RTT by 15 %;
+/// - the 95th percentile over the whole trial: a deep queue the meter filled drains for
+///   seconds at the caps.
+///
+/// Only readings that carry a fresh RTT count: those of a channel that delivered since its
+/// previous reading, and more than [`SRTT_SETTLED_SEGMENTS`] in all. A waiting channel (for
+/// the meter, or after its last block) repeats the srtt of its last ACK, its handshake's at
+/// first; counted, such readings made a 16-packet queue look like 80.
+fn loaded_srtt(samples: &[Sample]) -> f64 {
+    let mut last: HashMap<u16, u32> = HashMap::new();
+    let mut metering = true;
+    let mut meter_max = 0;
+    let mut fresh = Vec::new();
+    for s in samples {
+        let Some(before) = last.insert(s.channel, s.tcp.delivered) else {
+            continue;
+        };
+        if s.tcp.delivered <= before {
+            continue;
+        }
+        metering &= s.channel == 0;
+        if s.tcp.delivered > SRTT_SETTLED_SEGMENTS {
+            if metering {
+                meter_max = meter_max.max(s.tcp.rtt_us);
+            }
+            fresh.push(s.tcp.rtt_us);
+        }
+    }
+    percentile(fresh.into_iter(), 0.95).max(meter_max) as f64 / 1e6
 }
 
 /// The `q` quantile of some values (0 for none).
@@ -639,7 +687,7 @@ mod tests {
             subflows: Some(4),
             ..Default::default()
         };
-        report.tuning.online = Some(crate::channels::telemetry::TunerReport {
+        report.tuning.online = Some(TunerReport {
             channels: 1,
             measured_bps: Some(900_000_000),
             ..Default::default()
@@ -656,6 +704,47 @@ mod tests {
         report.transport = Transport::Tcp;
         let p = learned_profile(&report, "h", 1, Direction::Push).unwrap();
         assert_eq!(p.recommendation.channels, 1);
+    }
+
+    #[test]
+    fn the_path_rate_is_the_measured_one_not_the_estimate_losses_lowered() {
+        let mut tuner = TunerReport {
+            rate_bps: Some(177_000_000),
+            measured_bps: Some(189_000_000),
+            meter: Some(MeterEnd::Full),
+            ..Default::default()
+        };
+        assert_eq!(path_rate(&tuner), Some(189e6 / 8.0));
+        tuner.meter = Some(MeterEnd::WindowLimited);
+        assert_eq!(path_rate(&tuner), None);
+    }
+
+    #[test]
+    fn the_loaded_rtt_counts_only_fresh_readings_and_the_meters_peak() {
+        // Channel 0 meters alone for 50 ticks at 40.5 ms, 41 ms at its end; channel 1 waits
+        // meanwhile, repeating its handshake's 45 ms, then both deliver at 40.5 ms.
+        let mut s = Vec::new();
+        for k in 0..200u32 {
+            let mut a = sample(k as f64 * 0.01, 0, 200 + 10 * k, 0);
+            a.tcp.rtt_us = if k == 49 { 41_000 } else { 40_500 };
+            s.push(a);
+            let mut b = sample(k as f64 * 0.01, 1, 200 + 10 * k.saturating_sub(50), 0);
+            b.tcp.rtt_us = if k <= 50 { 45_000 } else { 40_500 };
+            s.push(b);
+        }
+        assert!(
+            (loaded_srtt(&s) - 0.041).abs() < 1e-9,
+            "{}",
+            loaded_srtt(&s)
+        );
+        // A peak after the meter is one reading of 300: under the 95th percentile.
+        s[2 * 150].tcp.rtt_us = 60_000;
+        assert!(
+            (loaded_srtt(&s) - 0.041).abs() < 1e-9,
+            "{}",
+            loaded_srtt(&s)
+        );
+        assert_eq!(loaded_srtt(&[]), 0.0);
     }
 
     #[test]
