@@ -174,6 +174,19 @@ impl PathEstimator {
         longest.max(self.last_t - last)
     }
 
+    /// Whether channel i has run out of data: it delivered before, nothing over the last
+    /// `window` seconds, and its socket holds nothing unsent (a channel the network stalls
+    /// still has data waiting).
+    pub fn idle(&self, i: usize, window: f64) -> bool {
+        self.tracks.get(i).is_some_and(|tr| {
+            let quiet = tr
+                .rate_history
+                .back()
+                .is_some_and(|(t, _)| self.last_t - t >= window);
+            quiet && tr.last.as_ref().is_some_and(|(_, s)| s.notsent_bytes == 0)
+        })
+    }
+
     /// Channel i's latest reading.
     pub fn latest(&self, i: usize) -> Option<&TcpSample> {
         self.tracks.get(i)?.last.as_ref().map(|(_, s)| s)
@@ -288,6 +301,29 @@ mod tests {
         assert_eq!(e.last_loss_at(), Some(0.01));
         e.observe(0.03, &[Some(s)]);
         assert!((e.longest_stall(0, 0.0) - 0.02).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_channel_is_idle_when_it_stopped_delivering_with_nothing_unsent() {
+        let mut e = PathEstimator::new();
+        // Channel 0 delivers for 10 ticks, then nothing; channel 1 stops too, but has data
+        // waiting in its socket (the network stalls it); channel 2 has not delivered yet.
+        for k in 0..30u32 {
+            let done = reading(2 + k.min(10), 1);
+            let stalled = TcpSample {
+                notsent_bytes: 65536,
+                ..done
+            };
+            e.observe(
+                k as f64 * 0.01,
+                &[Some(done), Some(stalled), Some(reading(1, 0))],
+            );
+            let idle = e.idle(0, 0.1);
+            assert_eq!(idle, k >= 20, "tick {k}");
+        }
+        assert!(!e.idle(1, 0.1));
+        assert!(!e.idle(2, 0.1));
+        assert!(!e.idle(7, 0.1));
     }
 
     #[test]

@@ -31,7 +31,7 @@
 //! - **Re-sharing.** Once a round the caps are shared max-min fair over what each window
 //!   allows (twice that in slow start): a channel held back by its window (a loss cut it,
 //!   or it is still growing) leaves its share to the others, so together they still send at
-//!   the total.
+//!   the total. So does a channel out of data, at a transfer's end.
 //! - **Keeping the estimate honest.** Repeated losses at the caps lower the estimate by 2 %;
 //!   10 s after such a cut, soon after a meter whose measurement a stalled ACK stream put
 //!   in doubt, or 10 s after the start with a saved rate (a profile may be stale or low), a
@@ -800,10 +800,20 @@ impl OnlineTuner {
                 _ => f64::INFINITY,
             })
             .collect();
-        let caps = share_caps(total, &allowed);
-        self.caps.resize(caps.len(), f64::INFINITY);
+        // A channel out of data (the last blocks of a transfer went to the others) leaves its
+        // share to those still sending, and keeps its cap should it get data again (the next
+        // round shares the total anew). Held at their equal shares, the last channels of a
+        // 200 MiB copy on 200 Mbit/s x 40 ms moved half the rate for the last 0.6 s.
+        let sending: Vec<usize> = (0..allowed.len())
+            .filter(|&i| !est.idle(i, 2.0 * round))
+            .collect();
+        let shared = share_caps(
+            total,
+            &sending.iter().map(|&i| allowed[i]).collect::<Vec<_>>(),
+        );
+        self.caps.resize(allowed.len(), f64::INFINITY);
         let mut actions = Vec::new();
-        for (channel, cap) in caps.into_iter().enumerate() {
+        for (channel, cap) in sending.into_iter().zip(shared) {
             let old = self.caps[channel];
             if (cap - old).abs() > RESHARE_STEP * old.min(cap) {
                 self.caps[channel] = cap;
@@ -849,6 +859,7 @@ pub fn share_caps(total: f64, allowed: &[f64]) -> Vec<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::channels::telemetry::TcpSample;
     use crate::tuning::pathsim::{Path, Sim};
 
     const GBIT: f64 = 1e9 / 8.0 * 1448.0 / 1514.0;
@@ -1042,6 +1053,52 @@ mod tests {
             probed.mean(50, 60) / GBIT,
             probed.per_second
         );
+    }
+
+    #[test]
+    fn channels_out_of_data_leave_their_share_to_those_still_sending() {
+        // 4 channels capped at a known 100 MB/s, 40 ms; windows allow 60 MB/s each. After
+        // 0.5 s, channels 0 and 1 run out of data: 2 and 3 get 50 MB/s each, while 0 and 1
+        // keep their caps.
+        let mut tuner = OnlineTuner::new(config(4, 4, Some(100e6)));
+        let mut est = PathEstimator::new();
+        let mut caps = [None; 4];
+        for k in 0..100u32 {
+            let t = k as f64 * 0.01;
+            let readings: Vec<Option<TcpSample>> = (0..4)
+                .map(|i| {
+                    let delivered = if i < 2 {
+                        1 + k.min(50) * 17
+                    } else {
+                        1 + k * 17
+                    };
+                    Some(TcpSample {
+                        delivered,
+                        mss: 1448,
+                        cwnd: 1658,
+                        ssthresh: 1000,
+                        rtt_us: 40_000,
+                        min_rtt_us: 40_000,
+                        ..Default::default()
+                    })
+                })
+                .collect();
+            let tick = est.observe(t, &readings);
+            for a in tuner.on_tick(&est, &tick) {
+                if let Action::Pace { channel, rate } = a {
+                    caps[channel] = rate;
+                }
+            }
+            if k == 40 {
+                let equal = Some((PACE_GAIN * 25e6).ceil() as u64);
+                assert_eq!(caps, [equal; 4], "at {t} s");
+            }
+        }
+        let (equal, half) = (
+            Some((PACE_GAIN * 25e6).ceil() as u64),
+            Some((PACE_GAIN * 50e6).ceil() as u64),
+        );
+        assert_eq!(caps, [equal, equal, half, half]);
     }
 
     #[test]
