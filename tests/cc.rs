@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::late_text;
 use common::netns::root_or_skip;
 use hsxfer::lab::experiments::analysis::{cut_events, reductions, Reduction};
-use hsxfer::lab::flows::{FlowResult, FlowSpec};
+use hsxfer::lab::flows::{FlowResult, FlowSpec, TraceRow};
 use hsxfer::lab::{Lab, LabSpec, QueueSize};
 use hsxfer::metrics::loss_sync;
 use hsxfer::transport::cc::{congestion, set_congestion, CcCatalog};
@@ -235,6 +235,25 @@ fn expected_ratio(cc: &str, red: &Reduction) -> Option<(f64, f64)> {
     })
 }
 
+/// The samples of a channel from 30 ms before to 30 ms after the first sample `hit` matches
+/// (t, CA state, cwnd, ssthresh, retransmissions), for a failure message.
+fn around(trace: &[TraceRow], hit: impl Fn(&TraceRow) -> bool) -> String {
+    let Some(h) = trace.iter().find(|r| hit(r)) else {
+        return "none".into();
+    };
+    trace
+        .iter()
+        .filter(|r| r.channel == h.channel && (r.t - h.t).abs() <= 0.03)
+        .map(|r| {
+            format!(
+                "[{:.3} s ch{} state {} cwnd {} ssthresh {} retrans {}]",
+                r.t, r.channel, r.ca_state, r.cwnd, r.ssthresh, r.total_retrans
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 #[test]
 fn each_bundled_cc_fills_a_bottleneck_ten_times_and_cuts_as_its_model() {
     if !root_or_skip("bundled CCs through a bottleneck") {
@@ -302,8 +321,9 @@ fn each_bundled_cc_fills_a_bottleneck_ten_times_and_cuts_as_its_model() {
                 .unwrap_or(0);
             assert!(
                 (max_ssthresh as f64) < 20.0 * bdp_packets,
-                "{cc} run {run_no}: ssthresh {max_ssthresh} seen (BDP {bdp_packets:.0} packets); guard {}",
-                listed(cc)["stats"]
+                "{cc} run {run_no}: ssthresh {max_ssthresh} seen (BDP {bdp_packets:.0} packets); guard {}; that channel around it: {}",
+                listed(cc)["stats"],
+                around(&r.trace, |row| row.ssthresh == max_ssthresh)
             );
             let goodput = r.summary.goodput_bps;
             let late = late_text(r.late_share);
