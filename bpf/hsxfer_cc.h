@@ -176,6 +176,8 @@ struct hsx_stats {
 	u64 cwnd_repairs;      /* absurd cwnd jumps clamped */
 	u64 skipped_ssthresh;  /* of those, written while our ssthresh program provably did not run */
 	u64 last_garbage;      /* the last garbage ssthresh replaced */
+	u64 last_gap_us;       /* at that repair, µs since the guard last ran on the socket */
+	u64 last_state;        /* and the socket's CA state then (a set_state hook runs before the change) */
 };
 
 #define HSX_STATS_MAP(cc)                                                              \
@@ -203,6 +205,7 @@ struct hsx_guard {
 	u32 prr_delivered;  /* segments delivered since the reduction began (PRR) */
 	u32 prr_high_seq;   /* high_seq of the reduction prr_delivered counts for */
 	u32 counted;        /* the socket is in hsx_stats.sockets */
+	u32 last_run_us;    /* tcp_mstamp (low 32 bits, µs) when the guard last ran */
 };
 
 /*
@@ -279,6 +282,8 @@ static __always_inline void hsx_guard_with(struct sock *sk, struct hsx_guard *g,
 			if (g->ss_calls == g->ss_seen)
 				__sync_fetch_and_add(&st->skipped_ssthresh, 1);
 			st->last_garbage = ssthresh;
+			st->last_gap_us = (u32)tp->tcp_mstamp - g->last_run_us;
+			st->last_state = BPF_CORE_READ_BITFIELD_PROBED((struct inet_connection_sock *)sk, icsk_ca_state);
 		}
 		if (fix < 2 || fix > bound)
 			fix = max_u32(cwnd >> 1, 2);
@@ -290,6 +295,7 @@ static __always_inline void hsx_guard_with(struct sock *sk, struct hsx_guard *g,
 	if (cwnd > g->max_cwnd)
 		g->max_cwnd = cwnd;
 	g->ss_seen = g->ss_calls;
+	g->last_run_us = (u32)tp->tcp_mstamp;
 }
 
 /* The guard, run first in every hook but init. */

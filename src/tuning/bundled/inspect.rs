@@ -121,6 +121,12 @@ pub struct CcStats {
     pub skipped_ssthresh: u64,
     /// The last garbage ssthresh the guard replaced (0: none yet).
     pub last_garbage: u64,
+    /// At that repair, microseconds since the guard last ran on the socket: how long no hook
+    /// of the program ran while the garbage could be there.
+    pub last_gap_us: u64,
+    /// And the socket's congestion-avoidance state then (a `set_state` hook runs before the
+    /// kernel changes it: 0 or 1 means the repair came as recovery began).
+    pub last_state: u64,
 }
 
 impl CcStats {
@@ -137,6 +143,8 @@ impl CcStats {
             cwnd_repairs: word(offset_of!(CcStats, cwnd_repairs)),
             skipped_ssthresh: word(offset_of!(CcStats, skipped_ssthresh)),
             last_garbage: word(offset_of!(CcStats, last_garbage)),
+            last_gap_us: word(offset_of!(CcStats, last_gap_us)),
+            last_state: word(offset_of!(CcStats, last_state)),
         })
     }
 
@@ -238,14 +246,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn stats_decode_six_words() {
+    fn stats_decode_eight_words() {
         let mut v = Vec::new();
-        for w in [7u64, 5, 2, 1, 1, 0x8110_4110] {
+        for w in [7u64, 5, 2, 1, 1, 0x8110_4110, 4200, 3] {
             v.extend_from_slice(&w.to_ne_bytes());
         }
         let s = CcStats::decode(&v).unwrap();
         assert_eq!((s.sockets, s.released, s.repairs()), (7, 5, 3));
         assert_eq!((s.skipped_ssthresh, s.last_garbage), (1, 0x8110_4110));
-        assert_eq!(CcStats::decode(&v[..47]), None);
+        assert_eq!((s.last_gap_us, s.last_state), (4200, 3));
+        assert_eq!(CcStats::decode(&v[..63]), None);
     }
 }

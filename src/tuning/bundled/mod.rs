@@ -285,6 +285,8 @@ mod tests {
                 offset_of!(inspect::CcStats, skipped_ssthresh),
             ),
             ("last_garbage", offset_of!(inspect::CcStats, last_garbage)),
+            ("last_gap_us", offset_of!(inspect::CcStats, last_gap_us)),
+            ("last_state", offset_of!(inspect::CcStats, last_state)),
         ];
         for cc in BUNDLED {
             assert_eq!(
