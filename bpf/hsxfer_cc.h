@@ -226,6 +226,12 @@ static __always_inline u32 hsx_guard_bound(const struct hsx_guard *g)
  */
 static u32 hsx_decide_ssthresh(struct sock *sk, u32 cwnd);
 
+/* The socket's congestion-avoidance state (TCP_CA_*). */
+static __always_inline u8 hsx_ca_state(struct sock *sk)
+{
+	return BPF_CORE_READ_BITFIELD_PROBED((struct inet_connection_sock *)sk, icsk_ca_state);
+}
+
 /*
  * The guard against the garbage-ssthresh hazard (docs/cc.md "The guard"). On
  * this kernel a call into one of our programs now and then returns without running it: the
@@ -283,7 +289,7 @@ static __always_inline void hsx_guard_with(struct sock *sk, struct hsx_guard *g,
 				__sync_fetch_and_add(&st->skipped_ssthresh, 1);
 			st->last_garbage = ssthresh;
 			st->last_gap_us = (u32)tp->tcp_mstamp - g->last_run_us;
-			st->last_state = BPF_CORE_READ_BITFIELD_PROBED((struct inet_connection_sock *)sk, icsk_ca_state);
+			st->last_state = hsx_ca_state(sk);
 		}
 		if (fix < 2 || fix > bound)
 			fix = max_u32(cwnd >> 1, 2);
@@ -343,11 +349,6 @@ static __always_inline u32 hsx_undo_ret(struct hsx_guard *g, u32 cwnd)
 static __always_inline u32 hsx_in_flight(const struct tcp_sock *tp)
 {
 	return tp->packets_out - (tp->sacked_out + tp->lost_out) + tp->retrans_out;
-}
-
-static __always_inline u8 hsx_ca_state(struct sock *sk)
-{
-	return BPF_CORE_READ_BITFIELD_PROBED((struct inet_connection_sock *)sk, icsk_ca_state);
 }
 
 /* The kernel's ACK flags that cong_control receives (net/ipv4/tcp_input.c). */
