@@ -169,6 +169,21 @@ static __always_inline u32 min_u32(u32 a, u32 b)
  * Per-object statistics, read by `hsxfer cc list`. The map is named NAME_stats after the
  * congestion control so user space can find it by name.
  */
+/*
+ * One ssthresh repair, kept so that a garbage value seen from user space (TCP_INFO) can be
+ * matched with the repair that removed it and with whether the kernel skipped our call.
+ */
+struct hsx_repair {
+	u32 garbage;  /* the ssthresh replaced */
+	u32 gap_us;   /* µs since the guard last ran on the socket */
+	u32 seq;      /* the repair's number, from 1 (0: an empty slot) */
+	u8 state;     /* the socket's CA state then (set_state runs before the kernel changes it) */
+	u8 skipped;   /* 1: our ssthresh program provably did not run for it */
+};
+
+/* How many of the latest ssthresh repairs hsx_stats keeps (a power of two). */
+#define HSX_RECENT_REPAIRS 16
+
 struct hsx_stats {
 	u64 sockets;           /* sockets that ran this congestion control (at their first hook) */
 	u64 released;          /* sockets that stopped using it */
@@ -176,8 +191,7 @@ struct hsx_stats {
 	u64 cwnd_repairs;      /* absurd cwnd jumps clamped */
 	u64 skipped_ssthresh;  /* of those, written while our ssthresh program provably did not run */
 	u64 last_garbage;      /* the last garbage ssthresh replaced */
-	u64 last_gap_us;       /* at that repair, µs since the guard last ran on the socket */
-	u64 last_state;        /* and the socket's CA state then (a set_state hook runs before the change) */
+	struct hsx_repair recent[HSX_RECENT_REPAIRS]; /* repair n (from 1) at n % HSX_RECENT_REPAIRS */
 };
 
 #define HSX_STATS_MAP(cc)                                                              \
@@ -232,19 +246,38 @@ static __always_inline u8 hsx_ca_state(struct sock *sk)
 	return BPF_CORE_READ_BITFIELD_PROBED((struct inet_connection_sock *)sk, icsk_ca_state);
 }
 
+/* Counts an ssthresh repair and keeps it among the recent ones. */
+static __always_inline void hsx_record_repair(struct hsx_stats *st, struct sock *sk,
+					      const struct hsx_guard *g, u32 garbage)
+{
+	u64 seq = __sync_fetch_and_add(&st->ssthresh_repairs, 1) + 1;
+	struct hsx_repair *r = &st->recent[seq & (HSX_RECENT_REPAIRS - 1)];
+	bool skipped = g->ss_calls == g->ss_seen;
+
+	if (skipped)
+		__sync_fetch_and_add(&st->skipped_ssthresh, 1);
+	st->last_garbage = garbage;
+	r->garbage = garbage;
+	r->gap_us = (u32)tcp_sk(sk)->tcp_mstamp - g->last_run_us;
+	r->state = hsx_ca_state(sk);
+	r->skipped = skipped;
+	r->seq = (u32)seq;
+}
+
 /*
- * The guard against the garbage-ssthresh hazard (docs/cc.md "The guard"). On
- * this kernel a call into one of our programs now and then returns without running it: the
- * per-socket count of ssthresh calls (ss_calls) does not move, and the kernel stores the
- * stale stack word the trampoline returns (0x81104110 here: the low half of the SRSO return
- * thunk's address, always >= 2^31). The set_state call right after can be skipped too. The
+ * The guard against the garbage-ssthresh hazard (docs/cc.md "The guard"). On the
+ * development VM the kernel now and then runs none of our hooks for an ACK (every ACK
+ * processed on top of the VM agent's threads): the per-socket count of ssthresh calls
+ * (ss_calls) does not move, and the kernel stores a stale stack word as ssthresh. The
+ * set_state and cong_control calls of that ACK are skipped too. The
  * kernel's own PRR (tcp_cwnd_reduction) would turn that ssthresh into cwnd = ssthresh ×
  * delivered / prior_cwnd (67 M segments measured) in the same ACK, before any hook of ours
  * could run. So every program here has a cong_control hook (HSX_CONG_CONTROL): the kernel
  * then never computes a window from ssthresh (no PRR, no cwnd = ssthresh at the end of a
  * reduction); cwnd changes only in our code, after this check, or in kernel paths that
  * lower it (timeout, idle restart), or to what undo_cwnd returns. A skipped cong_control
- * leaves cwnd unchanged. Every hook runs this check and both repairs are counted. Without
+ * leaves cwnd unchanged. Every hook runs this check and both repairs are counted (the
+ * latest ssthresh repairs are kept, to match a garbage value seen in TCP_INFO). Without
  * `decide` a garbage ssthresh is left for the next hook that repairs it (cong_control at the
  * latest, in the same ACK, before anything turns it into a window): init sees no loss, and in
  * DMCTCP's in_ack_event the decision beside the group's join overflows the BPF stack (512
@@ -284,19 +317,12 @@ static __always_inline void hsx_guard_with(struct sock *sk, struct hsx_guard *g,
 		 */
 		u32 fix = hsx_decide_ssthresh(sk, min_u32(max_u32(tp->prior_cwnd, cwnd), bound));
 
-		if (st) {
-			if (g->ss_calls == g->ss_seen)
-				__sync_fetch_and_add(&st->skipped_ssthresh, 1);
-			st->last_garbage = ssthresh;
-			st->last_gap_us = (u32)tp->tcp_mstamp - g->last_run_us;
-			st->last_state = hsx_ca_state(sk);
-		}
 		if (fix < 2 || fix > bound)
 			fix = max_u32(cwnd >> 1, 2);
 		tp->snd_ssthresh = fix;
 		g->last_ssthresh = fix;
 		if (st)
-			__sync_fetch_and_add(&st->ssthresh_repairs, 1);
+			hsx_record_repair(st, sk, g, ssthresh);
 	}
 	if (cwnd > g->max_cwnd)
 		g->max_cwnd = cwnd;

@@ -101,6 +101,28 @@ pub(crate) fn find_map(name: &str, ty: MapType, write: bool) -> Option<MapHandle
         .filter(|m| m.map_type() == ty)
 }
 
+/// How many of the latest ssthresh repairs [`CcStats::recent`] keeps (`HSX_RECENT_REPAIRS`).
+pub const RECENT_REPAIRS: usize = 16;
+
+/// One ssthresh repair of the guard (`struct hsx_repair` of bpf/hsxfer_cc.h): a garbage value
+/// seen in TCP_INFO can be matched with the repair that removed it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[repr(C)]
+pub struct Repair {
+    /// The garbage ssthresh replaced.
+    pub garbage: u32,
+    /// Microseconds since the guard last ran on the socket: how long no hook of the program
+    /// ran while the garbage could be there.
+    pub gap_us: u32,
+    /// The repair's number, from 1 (`ssthresh_repairs` counts them).
+    pub seq: u32,
+    /// The socket's congestion-avoidance state then (a `set_state` hook runs before the
+    /// kernel changes it: 0 or 1 means the repair came as recovery began).
+    pub state: u8,
+    /// The kernel stored the garbage without running the program's ssthresh hook.
+    pub skipped: bool,
+}
+
 /// Counters every hsxfer BPF congestion control keeps (its `NAME_stats` map): `struct
 /// hsx_stats` of bpf/hsxfer_cc.h, field for field (a unit test checks the layout against
 /// the BTF of every bundled object).
@@ -121,12 +143,17 @@ pub struct CcStats {
     pub skipped_ssthresh: u64,
     /// The last garbage ssthresh the guard replaced (0: none yet).
     pub last_garbage: u64,
-    /// At that repair, microseconds since the guard last ran on the socket: how long no hook
-    /// of the program ran while the garbage could be there.
-    pub last_gap_us: u64,
-    /// And the socket's congestion-avoidance state then (a `set_state` hook runs before the
-    /// kernel changes it: 0 or 1 means the repair came as recovery began).
-    pub last_state: u64,
+    /// The latest ssthresh repairs, oldest first (at most [`RECENT_REPAIRS`]).
+    #[serde(rename = "recent_repairs", serialize_with = "in_order")]
+    pub recent: [Repair; RECENT_REPAIRS],
+}
+
+/// The ring of recent repairs as a list, oldest first, without its empty slots.
+fn in_order<S: serde::Serializer>(
+    ring: &[Repair; RECENT_REPAIRS],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_seq(CcStats::ordered(ring))
 }
 
 impl CcStats {
@@ -136,6 +163,18 @@ impl CcStats {
             return None;
         }
         let word = |o: usize| u64::from_ne_bytes(v[o..o + 8].try_into().unwrap());
+        let half = |o: usize| u32::from_ne_bytes(v[o..o + 4].try_into().unwrap());
+        let mut recent = [Repair::default(); RECENT_REPAIRS];
+        for (i, r) in recent.iter_mut().enumerate() {
+            let at = offset_of!(CcStats, recent) + i * size_of::<Repair>();
+            *r = Repair {
+                garbage: half(at + offset_of!(Repair, garbage)),
+                gap_us: half(at + offset_of!(Repair, gap_us)),
+                seq: half(at + offset_of!(Repair, seq)),
+                state: v[at + offset_of!(Repair, state)],
+                skipped: v[at + offset_of!(Repair, skipped)] != 0,
+            };
+        }
         Some(CcStats {
             sockets: word(offset_of!(CcStats, sockets)),
             released: word(offset_of!(CcStats, released)),
@@ -143,14 +182,24 @@ impl CcStats {
             cwnd_repairs: word(offset_of!(CcStats, cwnd_repairs)),
             skipped_ssthresh: word(offset_of!(CcStats, skipped_ssthresh)),
             last_garbage: word(offset_of!(CcStats, last_garbage)),
-            last_gap_us: word(offset_of!(CcStats, last_gap_us)),
-            last_state: word(offset_of!(CcStats, last_state)),
+            recent,
         })
     }
 
     /// Repairs of both kinds.
     pub fn repairs(&self) -> u64 {
         self.ssthresh_repairs + self.cwnd_repairs
+    }
+
+    /// The latest ssthresh repairs, oldest first.
+    pub fn recent_repairs(&self) -> Vec<Repair> {
+        Self::ordered(&self.recent)
+    }
+
+    fn ordered(ring: &[Repair; RECENT_REPAIRS]) -> Vec<Repair> {
+        let mut v: Vec<Repair> = ring.iter().copied().filter(|r| r.seq != 0).collect();
+        v.sort_by_key(|r| r.seq);
+        v
     }
 }
 
@@ -246,15 +295,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn stats_decode_eight_words() {
+    fn stats_decode_counters_and_recent_repairs_in_order() {
         let mut v = Vec::new();
-        for w in [7u64, 5, 2, 1, 1, 0x8110_4110, 4200, 3] {
+        for w in [7u64, 5, 18, 1, 1, 0x02e1_d340] {
             v.extend_from_slice(&w.to_ne_bytes());
         }
+        // Repairs 17 and 18 took the ring's slots 1 and 2 after 3..=16 filled the others.
+        for slot in 0..RECENT_REPAIRS as u32 {
+            let seq = if slot <= 2 { slot + 16 } else { slot };
+            let (garbage, gap_us, state, skipped) = (1000 + seq, 4200, 3u8, seq % 2);
+            for h in [garbage, gap_us, seq] {
+                v.extend_from_slice(&h.to_ne_bytes());
+            }
+            v.extend_from_slice(&[state, skipped as u8, 0, 0]);
+        }
         let s = CcStats::decode(&v).unwrap();
-        assert_eq!((s.sockets, s.released, s.repairs()), (7, 5, 3));
-        assert_eq!((s.skipped_ssthresh, s.last_garbage), (1, 0x8110_4110));
-        assert_eq!((s.last_gap_us, s.last_state), (4200, 3));
-        assert_eq!(CcStats::decode(&v[..63]), None);
+        assert_eq!((s.sockets, s.released, s.repairs()), (7, 5, 19));
+        assert_eq!((s.skipped_ssthresh, s.last_garbage), (1, 0x02e1_d340));
+        let recent = s.recent_repairs();
+        let seqs: Vec<u32> = recent.iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, (3..=18).collect::<Vec<u32>>());
+        assert_eq!(
+            recent.last().copied(),
+            Some(Repair {
+                garbage: 1018,
+                gap_us: 4200,
+                seq: 18,
+                state: 3,
+                skipped: false
+            })
+        );
+        let json = serde_json::to_value(s).unwrap();
+        assert_eq!(json["recent_repairs"][0]["seq"], 3);
+        assert_eq!(json["recent_repairs"][15]["garbage"], 1018);
+        assert_eq!(CcStats::decode(&v[..v.len() - 1]), None);
     }
 }

@@ -285,14 +285,28 @@ mod tests {
                 offset_of!(inspect::CcStats, skipped_ssthresh),
             ),
             ("last_garbage", offset_of!(inspect::CcStats, last_garbage)),
-            ("last_gap_us", offset_of!(inspect::CcStats, last_gap_us)),
-            ("last_state", offset_of!(inspect::CcStats, last_state)),
+            ("recent", offset_of!(inspect::CcStats, recent)),
         ];
         for cc in BUNDLED {
             assert_eq!(
                 btf_layout(cc, "hsx_stats"),
                 (fields(&stats), size_of::<inspect::CcStats>()),
                 "{}: struct hsx_stats",
+                cc.name
+            );
+        }
+        let repair = [
+            ("garbage", offset_of!(inspect::Repair, garbage)),
+            ("gap_us", offset_of!(inspect::Repair, gap_us)),
+            ("seq", offset_of!(inspect::Repair, seq)),
+            ("state", offset_of!(inspect::Repair, state)),
+            ("skipped", offset_of!(inspect::Repair, skipped)),
+        ];
+        for cc in BUNDLED {
+            assert_eq!(
+                btf_layout(cc, "hsx_repair"),
+                (fields(&repair), size_of::<inspect::Repair>()),
+                "{}: struct hsx_repair",
                 cc.name
             );
         }
