@@ -288,6 +288,8 @@ fn each_bundled_cc_fills_a_bottleneck_ten_times_and_cuts_as_its_model() {
     let mut reruns = Vec::new();
     for cc in BUNDLED.iter().map(|b| b.name) {
         let mut goodputs = Vec::new();
+        // Garbage ssthresh values seen in samples (each matched with a skipped call).
+        let mut sightings = 0;
         let mut ratios: Vec<(f64, f64, f64)> = Vec::new();
         let mut run_no = 0;
         while run_no < runs {
@@ -310,21 +312,36 @@ fn each_bundled_cc_fills_a_bottleneck_ten_times_and_cuts_as_its_model() {
                 "{cc} run {run_no}: cwnd exploded to {max_cwnd} (BDP {bdp_packets:.0} packets); guard {}",
                 listed(cc)["stats"]
             );
-            // The garbage ssthresh itself must never be seen either: cong_control repairs it
-            // in the same ACK, before the socket lock is released.
-            let max_ssthresh = r
+            // A garbage ssthresh may be seen only where the kernel wrote it without running
+            // our programs: on this VM it runs no hook of ours for an ACK processed on top of
+            // some processes (docs/cc.md, "The guard"), so nothing can repair the value before
+            // the next ACK it does hand to them. Each garbage value seen must then be one the
+            // guard repaired as such a skipped call: a value one of our hooks set, or one the
+            // guard left in place, fails here.
+            let stats = listed(cc)["stats"].clone();
+            let skipped_repairs: Vec<u64> = stats["recent_repairs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|r| r["skipped"] == true)
+                .filter_map(|r| r["garbage"].as_u64())
+                .collect();
+            let mut seen: Vec<u64> = r
                 .trace
                 .iter()
                 .map(|t| t.ssthresh)
-                .filter(|&s| s < INFINITE_SSTHRESH)
-                .max()
-                .unwrap_or(0);
-            assert!(
-                (max_ssthresh as f64) < 20.0 * bdp_packets,
-                "{cc} run {run_no}: ssthresh {max_ssthresh} seen (BDP {bdp_packets:.0} packets); guard {}; that channel around it: {}",
-                listed(cc)["stats"],
-                around(&r.trace, |row| row.ssthresh == max_ssthresh)
-            );
+                .filter(|&s| s < INFINITE_SSTHRESH && (s as f64) >= 20.0 * bdp_packets)
+                .collect();
+            seen.sort_unstable();
+            seen.dedup();
+            sightings += seen.len();
+            for garbage in seen {
+                assert!(
+                    skipped_repairs.contains(&garbage),
+                    "{cc} run {run_no}: ssthresh {garbage} seen (BDP {bdp_packets:.0} packets), not among the guard's repairs of skipped calls; guard {stats}; that channel around it: {}",
+                    around(&r.trace, |row| row.ssthresh == garbage)
+                );
+            }
             let goodput = r.summary.goodput_bps;
             let late = late_text(r.late_share);
             if goodput < 0.80 * rate && !r.path_faithful() && reruns.len() < MAX_RERUNS {
@@ -387,7 +404,7 @@ fn each_bundled_cc_fills_a_bottleneck_ten_times_and_cuts_as_its_model() {
         );
         goodputs.sort_by(f64::total_cmp);
         report.push(format!(
-            "{cc}: goodput min {:.1}, median {:.1} Mbit/s over {runs} runs, {} reductions checked, guard {stats}",
+            "{cc}: goodput min {:.1}, median {:.1} Mbit/s over {runs} runs, {} reductions checked, {sightings} garbage ssthresh values seen (skipped calls), guard {stats}",
             goodputs[0] / 1e6,
             goodputs[goodputs.len() / 2] / 1e6,
             ratios.len()
