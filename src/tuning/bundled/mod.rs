@@ -269,6 +269,18 @@ mod tests {
             .collect()
     }
 
+    /// Asserts that struct `name` has these fields and size in every bundled object's BTF.
+    fn in_every_object(name: &str, layout: &[(&str, usize)], size: usize) {
+        for cc in BUNDLED {
+            assert_eq!(
+                btf_layout(cc, name),
+                (fields(layout), size),
+                "{}: struct {name}",
+                cc.name
+            );
+        }
+    }
+
     #[test]
     fn the_rust_mirrors_of_bpf_structs_match_the_objects_btf() {
         use std::mem::{offset_of, size_of};
@@ -287,14 +299,7 @@ mod tests {
             ("last_garbage", offset_of!(inspect::CcStats, last_garbage)),
             ("recent", offset_of!(inspect::CcStats, recent)),
         ];
-        for cc in BUNDLED {
-            assert_eq!(
-                btf_layout(cc, "hsx_stats"),
-                (fields(&stats), size_of::<inspect::CcStats>()),
-                "{}: struct hsx_stats",
-                cc.name
-            );
-        }
+        in_every_object("hsx_stats", &stats, size_of::<inspect::CcStats>());
         let repair = [
             ("garbage", offset_of!(inspect::Repair, garbage)),
             ("gap_us", offset_of!(inspect::Repair, gap_us)),
@@ -302,14 +307,7 @@ mod tests {
             ("state", offset_of!(inspect::Repair, state)),
             ("skipped", offset_of!(inspect::Repair, skipped)),
         ];
-        for cc in BUNDLED {
-            assert_eq!(
-                btf_layout(cc, "hsx_repair"),
-                (fields(&repair), size_of::<inspect::Repair>()),
-                "{}: struct hsx_repair",
-                cc.name
-            );
-        }
+        in_every_object("hsx_repair", &repair, size_of::<inspect::Repair>());
         use group::GroupValue as G;
         let group = [
             ("lock", offset_of!(G, lock)),
