@@ -166,10 +166,6 @@ static __always_inline u32 min_u32(u32 a, u32 b)
 }
 
 /*
- * Per-object statistics, read by `hsxfer cc list`. The map is named NAME_stats after the
- * congestion control so user space can find it by name.
- */
-/*
  * One ssthresh repair, kept so that a garbage value seen from user space (TCP_INFO) can be
  * matched with the repair that removed it and with whether the kernel skipped our call.
  */
@@ -184,6 +180,10 @@ struct hsx_repair {
 /* How many of the latest ssthresh repairs hsx_stats keeps (a power of two). */
 #define HSX_RECENT_REPAIRS 16
 
+/*
+ * Per-object statistics, read by `hsxfer cc list`. The map is named NAME_stats after the
+ * congestion control so user space can find it by name.
+ */
 struct hsx_stats {
 	u64 sockets;           /* sockets that ran this congestion control (at their first hook) */
 	u64 released;          /* sockets that stopped using it */
