@@ -461,3 +461,92 @@ async fn mptcp_falls_back_to_tcp_either_way() {
         stop(serving).await;
     }
 }
+
+/// A relay on loopback in front of `server`. It holds everything the server sends on the
+/// first connection (a client's control connection) for `delay`, as a long return path
+/// would, and passes all else at once. It records when each connection arrived, from the
+/// first's arrival.
+async fn slow_control_relay(
+    server: std::net::SocketAddr,
+    delay: std::time::Duration,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::Mutex<Vec<std::time::Duration>>>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let arrivals = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = arrivals.clone();
+    tokio::spawn(async move {
+        let mut first = None::<std::time::Instant>;
+        loop {
+            let (client, _) = listener.accept().await.unwrap();
+            let now = std::time::Instant::now();
+            let at = *first.get_or_insert(now);
+            let control = {
+                let mut a = seen.lock().unwrap();
+                a.push(now - at);
+                a.len() == 1
+            };
+            let upstream = tokio::net::TcpStream::connect(server).await.unwrap();
+            let (mut cr, mut cw) = client.into_split();
+            let (mut ur, mut uw) = upstream.into_split();
+            tokio::spawn(async move { tokio::io::copy(&mut cr, &mut uw).await });
+            let (tx, mut rx) =
+                tokio::sync::mpsc::unbounded_channel::<(std::time::Instant, Vec<u8>)>();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 << 10];
+                while let Ok(n @ 1..) = ur.read(&mut buf).await {
+                    let due = std::time::Instant::now()
+                        + if control { delay } else { Default::default() };
+                    if tx.send((due, buf[..n].to_vec())).is_err() {
+                        break;
+                    }
+                }
+            });
+            tokio::spawn(async move {
+                while let Some((due, bytes)) = rx.recv().await {
+                    tokio::time::sleep_until(due.into()).await;
+                    if cw.write_all(&bytes).await.is_err() {
+                        break;
+                    }
+                }
+                let _ = cw.shutdown().await;
+            });
+        }
+    });
+    (addr, arrivals)
+}
+
+/// The data channels connect while the control connection authenticates, not a round trip
+/// after: with the server's answers on the control connection held for 600 ms, every data
+/// channel arrives within 1.5 of those delays of the control connection (its TLS flight
+/// takes one; waiting for the authentication's answer, as before, takes two).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_channels_dial_while_the_control_connection_authenticates() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    random_file(&src.path().join("f"), 100_000, 7);
+    let server = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
+    let delay = std::time::Duration::from_millis(600);
+    let (relay, arrivals) = slow_control_relay(server, delay).await;
+    let n = 4;
+    let r = client(relay, n)
+        .push(&[src.path().join("f")], false, "f", &live(n))
+        .await
+        .unwrap();
+    assert!(r.verified);
+    assert_eq!(
+        sha256(&root.path().join("f")),
+        sha256(&src.path().join("f"))
+    );
+    let arrivals = arrivals.lock().unwrap().clone();
+    assert_eq!(arrivals.len(), 1 + n as usize, "{arrivals:?}");
+    let late = arrivals[1..].iter().max().unwrap();
+    assert!(
+        *late < delay * 3 / 2,
+        "the last data channel arrived {late:?} after the control connection (the server's \
+         answers take {delay:?} to arrive): {arrivals:?}"
+    );
+}

@@ -2,6 +2,7 @@
 //! depending on the operation.
 
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,7 +13,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::faults::FaultInjection;
-use super::growth::{timed_connect, Arrivals, Connector, Growth, Joiner, Setup};
+use super::growth::{timed_connect, Arrivals, Connector, Dialer, Growth, Joiner, Setup};
 use super::handshake;
 use super::mptcp_paths::{MptcpPaths, PathManager};
 use super::receiver::{ReceiveEngine, Sink};
@@ -22,7 +23,7 @@ use super::secure::{open_control, OpenedControl, Security};
 use super::sender::SendEngine;
 use super::source::{BenchLimit, SendSource};
 use super::tuning::{
-    check_congestion, enforce_congestion, local_plan, online_tuner, read_setup, Side,
+    check_congestion, enforce_congestion, local_plan, online_tuner, read_setup, LocalPlan, Side,
 };
 use super::wire::{control_pair, ControlReader, ControlWriter, Side as WireSide};
 use super::{Auth, DEFAULT_PORT};
@@ -299,7 +300,10 @@ impl Client {
         let (_, skey) = handshake::client_control(&mut ctrl, &self.opts.auth.key(), &peer).await?;
         let (mut r, mut w) = control_pair(ctrl, &skey, WireSide::Client);
         let mut opening = ClientOpening::new();
-        let rtt = measure_rtt(&mut opening, &mut r, &mut w).await?;
+        let rtt = match kernel_rtt(r.get_ref()) {
+            Some(rtt) => rtt,
+            None => ping_rtt(&mut opening, &mut r, &mut w).await?,
+        };
         w.send(&opening.ask_facts()).await?;
         match r
             .expect()
@@ -392,7 +396,11 @@ impl Client {
         let start = Instant::now();
         let mut o = o;
         let side = SendingSide::start(live.clone(), o.tuner.take(), &o.channels)?;
-        let (sampler, plan, l) = (side.sampler.clone(), o.connector.plan.clone(), live.clone());
+        let (sampler, plan, l) = (
+            side.sampler.clone(),
+            o.connector.dialer.plan.clone(),
+            live.clone(),
+        );
         let setup: Setup = Box::new(move |i, s| {
             let opts = plan.for_channel(i);
             enforce_congestion(s, i, &opts, "client")?;
@@ -536,7 +544,6 @@ impl Client {
         self.opts.validate()?;
         let n = self.connections();
         let mut mptcp_notes = Vec::new();
-        let side = if we_send { Side::Send } else { Side::Receive };
         if we_send {
             let one_path = PathManager::none(self.opts.channels);
             let mut t = self.tuning_request(Duration::ZERO, None, None, false, &one_path);
@@ -560,80 +567,54 @@ impl Client {
             note: key_note,
         } = opened;
         let peer = addr.to_string();
+        let path = PathFacts {
+            link_speed: interface_speed(ctrl.tcp()),
+            mss: tcp_info(ctrl.tcp()).map(|t| t.mss).unwrap_or(0),
+        };
+        // Once the RTT is known the data channels are planned and dialed (TCP and TLS) while
+        // the control connection authenticates; they join once the request is accepted.
+        let (accepted_tx, accepted_rx) = watch::channel(None);
+        let dial = |prepared: &Prepared| Dialer {
+            addr,
+            peer: peer.clone(),
+            plan: prepared.plan.clone(),
+            opener: opener.clone(),
+        };
+        let early = match self.opts.rtt.or_else(|| kernel_rtt(ctrl.tcp())) {
+            Some(rtt) => {
+                let p = self.prepare(rtt, path, &pm, we_send, live)?;
+                let joins = dial_channels(dial(&p), n, &accepted_rx);
+                Some((p, joins))
+            }
+            None => None,
+        };
         let (session, skey) =
             handshake::client_control(&mut ctrl, &self.opts.auth.key(), &peer).await?;
         let cipher_suite = ctrl.cipher_suite();
-        let link_speed = interface_speed(ctrl.tcp());
         let (mut ctrl_r, mut ctrl_w) = control_pair(ctrl, &skey, WireSide::Client);
         let mut opening = ClientOpening::new();
-        let rtt = match self.opts.rtt {
-            Some(rtt) => rtt,
-            None => measure_rtt(&mut opening, &mut ctrl_r, &mut ctrl_w).await?,
-        };
-        let mss = tcp_info(ctrl_r.get_ref()).map(|t| t.mss).unwrap_or(0);
-        let goodput = match self.opts.rate {
-            PathRate::Given(wire) => Some(bdp::goodput_rate(wire, mss)),
-            PathRate::Measured(g) | PathRate::Saved(g) => Some(g),
-            PathRate::Unknown => None,
-        };
-        let (rate, rate_source) = match self.opts.rate {
-            PathRate::Given(r) => (Some(r), "given"),
-            PathRate::Measured(r) | PathRate::Saved(r) => (Some(r), "measured"),
-            PathRate::Unknown => match link_speed {
-                Some(r) => (Some(r), "interface"),
-                None => (None, "unknown"),
-            },
-        };
-        let online = self.online_request(goodput, &pm);
-        // The meter replaces an automatic stagger: the other channels start once the first
-        // has measured the path, paced below its rate, so their slow starts cannot overshoot.
-        let metered = online.as_ref().is_some_and(|o| o.pace);
-        let stagger_choice = effective_stagger(self.opts.stagger, &self.opts.cc, metered);
-        let stagger = stagger_offsets(stagger_choice, n, rtt, &mut rand::thread_rng());
-        let mut tuning = self.tuning_request(rtt, rate, goodput, live.telemetry.tracing(), &pm);
-        tuning.online = online;
-        tuning.stagger_us = stagger.iter().map(|d| d.as_micros() as u64).collect();
-        let tuner = if we_send {
-            online_tuner(&tuning, n)
-        } else {
-            None
-        };
-        let mut plan = local_plan(&tuning, side, n, "client", tuner.as_ref())?;
-        plan.options.iter_mut().for_each(|o| {
-            o.mptcp = self.opts.mptcp;
-            o.userspace_pm = pm.userspace();
-        });
-        if self.opts.mptcp && self.opts.pace == PaceChoice::Auto {
-            let why = match (subflow_pacing::available(), goodput, metered) {
-                (false, _, _) => Some(
-                    "the kernel refuses SO_MAX_PACING_RATE on MPTCP sockets, and pacing their \
-                     subflows with a BPF program needs root",
-                ),
-                _ if pm.several() => Some(
-                    "they run over several paths, whose rates differ, while a connection's \
-                     cap is shared evenly by its subflows; give `pace` to cap each subflow",
-                ),
-                (true, None, false) => Some(
-                    "the path's rate is unknown and no meter runs (`tune` off, or `stagger` \
-                     given); give `rate` or `pace` to pace them",
-                ),
-                _ => None,
-            };
-            if let Some(why) = why {
-                plan.notes
-                    .push(format!("client: MPTCP subflows run unpaced: {why}"));
+        let (prepared, mut joins) = match early {
+            Some(e) => e,
+            None => {
+                let rtt = ping_rtt(&mut opening, &mut ctrl_r, &mut ctrl_w).await?;
+                let p = self.prepare(rtt, path, &pm, we_send, live)?;
+                let joins = dial_channels(dial(&p), n, &accepted_rx);
+                (p, joins)
             }
-        }
-        let plan = Arc::new(plan);
-        let mut report = TuningReport {
-            rtt_us: rtt.as_micros() as u64,
-            rate_bps: rate,
-            rate_source: rate_source.into(),
-            buffer: describe_buffer(tuning.buffer),
-            notes: plan.notes.iter().cloned().chain(key_note).collect(),
-            origin: self.opts.origin.clone(),
-            online: None,
         };
+        let connector = Connector {
+            dialer: dial(&prepared),
+            session,
+            key: skey,
+        };
+        let Prepared {
+            tuning,
+            plan,
+            mut report,
+            stagger,
+            tuner,
+        } = prepared;
+        report.notes.extend(key_note);
         let request = opening.request(Request {
             version: PROTOCOL_VERSION,
             op,
@@ -642,35 +623,12 @@ impl Client {
             tuning,
         });
         ctrl_w.send(&request).await?;
-        // The data channels' TCP connects overlap the request's round trip; each joins the
-        // session once the server has accepted the request. Should it not, dropping `joins`
-        // aborts them.
-        let connector = Connector {
-            addr,
-            session,
-            key: skey,
-            peer,
-            plan: plan.clone(),
-            opener,
-        };
-        let (accepted_tx, accepted_rx) = watch::channel(false);
-        let mut joins = JoinSet::new();
-        for ch in 0..n {
-            let (connector, mut accepted) = (connector.clone(), accepted_rx.clone());
-            joins.spawn(async move {
-                let mut s = connector.open(ch).await?;
-                if accepted.wait_for(|a| *a).await.is_err() {
-                    return Err(Error::PeerVanished);
-                }
-                connector.join_opened(&mut s, ch).await?;
-                Ok::<_, Error>((ch, s))
-            });
-        }
+        // Should the server refuse the request, dropping `joins` aborts the channels.
         match opening.on_message(ctrl_r.expect().await?, Instant::now())? {
             Answer::Accepted { notes, .. } => report.notes.extend(notes),
             other => unreachable!("a request is answered by its acceptance, not {other:?}"),
         }
-        accepted_tx.send_replace(true);
+        accepted_tx.send_replace(Some(connector.clone()));
         let mut channels = Vec::new();
         while let Some(j) = joins.join_next().await {
             channels.push(j.map_err(Error::task("connecting a data channel"))??);
@@ -682,7 +640,9 @@ impl Client {
         report.notes.extend(mptcp_notes);
         let subflows = match transport {
             Transport::Mptcp => {
-                let joined = wait_for_subflows(&channels, pm.subflows, rtt).await;
+                let joined =
+                    wait_for_subflows(&channels, pm.subflows, Duration::from_micros(report.rtt_us))
+                        .await;
                 if pm.userspace() && joined < pm.subflows {
                     report.notes.push(format!(
                         "client: {joined} of {} MPTCP subflows joined: a server with the \
@@ -733,6 +693,87 @@ impl Client {
             _path_manager: pm,
             tuner,
             connector,
+        })
+    }
+
+    /// This end's plan for a path RTT: the transport settings asked of the server, each
+    /// channel's socket options, the stagger, and the sending side's online tuner.
+    fn prepare(
+        &self,
+        rtt: Duration,
+        path: PathFacts,
+        pm: &PathManager,
+        we_send: bool,
+        live: &LiveStats,
+    ) -> Result<Prepared> {
+        let n = self.connections();
+        let goodput = match self.opts.rate {
+            PathRate::Given(wire) => Some(bdp::goodput_rate(wire, path.mss)),
+            PathRate::Measured(g) | PathRate::Saved(g) => Some(g),
+            PathRate::Unknown => None,
+        };
+        let (rate, rate_source) = match self.opts.rate {
+            PathRate::Given(r) => (Some(r), "given"),
+            PathRate::Measured(r) | PathRate::Saved(r) => (Some(r), "measured"),
+            PathRate::Unknown => match path.link_speed {
+                Some(r) => (Some(r), "interface"),
+                None => (None, "unknown"),
+            },
+        };
+        let online = self.online_request(goodput, pm);
+        // The meter replaces an automatic stagger: the other channels start once the first
+        // has measured the path, paced below its rate, so their slow starts cannot overshoot.
+        let metered = online.as_ref().is_some_and(|o| o.pace);
+        let stagger_choice = effective_stagger(self.opts.stagger, &self.opts.cc, metered);
+        let stagger = stagger_offsets(stagger_choice, n, rtt, &mut rand::thread_rng());
+        let mut tuning = self.tuning_request(rtt, rate, goodput, live.telemetry.tracing(), pm);
+        tuning.online = online;
+        tuning.stagger_us = stagger.iter().map(|d| d.as_micros() as u64).collect();
+        let (side, tuner) = match we_send {
+            true => (Side::Send, online_tuner(&tuning, n)),
+            false => (Side::Receive, None),
+        };
+        let mut plan = local_plan(&tuning, side, n, "client", tuner.as_ref())?;
+        plan.options.iter_mut().for_each(|o| {
+            o.mptcp = self.opts.mptcp;
+            o.userspace_pm = pm.userspace();
+        });
+        if self.opts.mptcp && self.opts.pace == PaceChoice::Auto {
+            let why = match (subflow_pacing::available(), goodput, metered) {
+                (false, _, _) => Some(
+                    "the kernel refuses SO_MAX_PACING_RATE on MPTCP sockets, and pacing their \
+                     subflows with a BPF program needs root",
+                ),
+                _ if pm.several() => Some(
+                    "they run over several paths, whose rates differ, while a connection's \
+                     cap is shared evenly by its subflows; give `pace` to cap each subflow",
+                ),
+                (true, None, false) => Some(
+                    "the path's rate is unknown and no meter runs (`tune` off, or `stagger` \
+                     given); give `rate` or `pace` to pace them",
+                ),
+                _ => None,
+            };
+            if let Some(why) = why {
+                plan.notes
+                    .push(format!("client: MPTCP subflows run unpaced: {why}"));
+            }
+        }
+        let report = TuningReport {
+            rtt_us: rtt.as_micros() as u64,
+            rate_bps: rate,
+            rate_source: rate_source.into(),
+            buffer: describe_buffer(tuning.buffer),
+            notes: plan.notes.clone(),
+            origin: self.opts.origin.clone(),
+            online: None,
+        };
+        Ok(Prepared {
+            tuning,
+            plan: Arc::new(plan),
+            report,
+            stagger,
+            tuner,
         })
     }
 
@@ -833,23 +874,75 @@ fn interface_speed(ctrl: &TcpStream) -> Option<u64> {
     route::link_speed_bps(&name)
 }
 
-/// The path RTT: the control connection's `TCP_INFO` minimum RTT, which holds the kernel's
-/// samples of the connect, the TLS handshake and hsxfer's (and excludes the peers'
-/// scheduling delay). Only when the kernel has none does a ping on the control connection
-/// measure it: each ping is a round trip before any data moves.
-async fn measure_rtt(
+/// What the control connection tells of the path before it authenticates.
+#[derive(Clone, Copy)]
+struct PathFacts {
+    /// The outgoing interface's link speed, bits/s ([`interface_speed`]).
+    link_speed: Option<u64>,
+    /// The control connection's MSS, bytes (0 if unknown).
+    mss: u32,
+}
+
+/// This end's plan for the session, made before the request ([`Client::prepare`]).
+struct Prepared {
+    tuning: Tuning,
+    plan: Arc<LocalPlan>,
+    report: TuningReport,
+    stagger: Vec<Duration>,
+    tuner: Option<OnlineTuner>,
+}
+
+/// The path RTT from the control connection's `TCP_INFO` minimum, which holds the kernel's
+/// samples of the connect and the TLS handshake (and excludes the peers' scheduling delay);
+/// `None` when the kernel has none.
+fn kernel_rtt(ctrl: &impl AsFd) -> Option<Duration> {
+    let info = tcp_info(ctrl).ok()?;
+    (info.min_rtt_us > 0).then(|| Duration::from_micros(info.min_rtt_us as u64))
+}
+
+/// The path RTT from a ping on the control connection, when the kernel has no sample
+/// ([`kernel_rtt`]): a round trip before the data channels dial.
+async fn ping_rtt(
     opening: &mut ClientOpening,
     r: &mut ControlReader<ReadPart>,
     w: &mut ControlWriter<WritePart>,
 ) -> Result<Duration> {
-    if let Ok(info) = tcp_info(r.get_ref()) {
-        if info.min_rtt_us > 0 {
-            return Ok(Duration::from_micros(info.min_rtt_us as u64));
-        }
-    }
     w.send(&opening.ping(Instant::now())).await?;
     opening.on_message(r.expect().await?, Instant::now())?;
     Ok(opening.best_rtt().expect("the ping was answered"))
+}
+
+/// How long a channel dialed early may wait for the session before it joins: the server
+/// closes a connection that has not joined within its handshake timeout (10 s by default),
+/// and a pull's request is accepted only once the server has listed its sources. A channel
+/// that waited longer is dialed again.
+const EARLY_JOIN_WITHIN: Duration = Duration::from_secs(3);
+
+/// Dials the session's `n` data channels; each joins once `accepted` holds the session's
+/// connector (the server accepted the request). Dropping the set aborts them.
+fn dial_channels(
+    dialer: Dialer,
+    n: u16,
+    accepted: &watch::Receiver<Option<Connector>>,
+) -> JoinSet<Result<(u16, Stream)>> {
+    let mut joins = JoinSet::new();
+    for ch in 0..n {
+        let (dialer, mut accepted) = (dialer.clone(), accepted.clone());
+        joins.spawn(async move {
+            let dialed = Instant::now();
+            let mut s = dialer.open(ch).await?;
+            let connector = match accepted.wait_for(Option::is_some).await {
+                Ok(c) => c.clone().expect("waited for a connector"),
+                Err(_) => return Err(Error::PeerVanished),
+            };
+            if dialed.elapsed() > EARLY_JOIN_WITHIN {
+                s = dialer.open(ch).await?;
+            }
+            connector.join_opened(&mut s, ch).await?;
+            Ok((ch, s))
+        });
+    }
+    joins
 }
 
 /// Waits for the MPTCP connection's extra subflows to join and returns how many subflows it
