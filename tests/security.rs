@@ -123,7 +123,7 @@ async fn raw(addr: std::net::SocketAddr) -> Stream {
 /// A connection closed before its first byte (a client whose early data-channel connect
 /// outlived a refused request, or a port check) ends the server's handshake without an
 /// error, whether it closes (FIN) or resets (RST); one that sends part of the clear-text
-/// preface, or of a TLS ClientHello, and closes is an error.
+/// preface, or of a TLS ClientHello, and closes is an error: the peer vanished mid-handshake.
 #[tokio::test]
 async fn a_connection_closed_before_its_hello_is_no_handshake() {
     use hsxfer::session::handshake;
@@ -152,8 +152,48 @@ async fn a_connection_closed_before_its_hello_is_no_handshake() {
             .expect("the handshake ends")
             .unwrap();
         match case {
+            "part" | "tls-part" => {
+                assert!(matches!(r, Err(Error::PeerVanished)), "{case}: {r:?}")
+            }
+            _ => assert!(matches!(r, Ok(false)), "{case}: {r:?}"),
+        }
+    }
+}
+
+/// A TLS connection that ends before its hello's first byte (a data channel dialed while its
+/// control connection authenticated, unused because the session did not open), with TLS's
+/// close_notify or dropped without it, ends the server's handshake without an error; one that
+/// sends part of a hello and closes is an error.
+#[tokio::test]
+async fn a_tls_connection_closed_before_its_hello_is_no_handshake() {
+    use hsxfer::session::handshake;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let tls = server_tls(false);
+    for case in ["close", "drop", "part"] {
+        let client = tokio::spawn(async move {
+            let mut s = open(addr).await;
+            match case {
+                "close" => s.shutdown().await.unwrap(),
+                "part" => {
+                    s.write_all(b"HXS").await.unwrap();
+                    s.shutdown().await.unwrap();
+                }
+                _ => drop(s),
+            }
+        });
+        let (tcp, _) = l.accept().await.unwrap();
+        let (mut s, m) = handshake::server_open(tcp, &tls)
+            .await
+            .unwrap()
+            .expect("a TLS connection");
+        client.await.unwrap();
+        let r = tokio::time::timeout(Duration::from_secs(20), handshake::server_accept(&mut s, m))
+            .await
+            .expect("the handshake ends")
+            .map(|m| m.is_some());
+        match case {
             "part" => assert!(matches!(r, Err(Error::PeerVanished)), "{case}: {r:?}"),
-            "tls-part" => assert!(matches!(r, Err(Error::Malformed(_))), "{case}: {r:?}"),
             _ => assert!(matches!(r, Ok(false)), "{case}: {r:?}"),
         }
     }
@@ -493,7 +533,10 @@ async fn hostile_server(entries: Vec<hsxfer::channels::manifest::Entry>) -> std:
     tokio::spawn(async move {
         let (tcp, _) = l.accept().await.unwrap();
         let (mut ctrl, m) = handshake::server_open(tcp, &tls).await.unwrap().unwrap();
-        let mut m = handshake::server_accept(&mut ctrl, m).await.unwrap();
+        let mut m = handshake::server_accept(&mut ctrl, m)
+            .await
+            .unwrap()
+            .expect("a hello");
         let key = m
             .accept_control(&TokenKey::from_token(b""), [1; 16])
             .unwrap();
@@ -516,7 +559,10 @@ async fn hostile_server(entries: Vec<hsxfer::channels::manifest::Entry>) -> std:
         for _ in 0..channels {
             let (tcp, _) = l.accept().await.unwrap();
             let (mut d, m) = handshake::server_open(tcp, &tls).await.unwrap().unwrap();
-            let mut m = handshake::server_accept(&mut d, m).await.unwrap();
+            let mut m = handshake::server_accept(&mut d, m)
+                .await
+                .unwrap()
+                .expect("a hello");
             assert!(m.admit_join(Some(&key), true));
             handshake::answer(&mut d, &mut m).await.unwrap();
             joined.push(d);

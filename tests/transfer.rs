@@ -270,7 +270,10 @@ async fn older_server() -> std::net::SocketAddr {
             let tls = tls.clone();
             tokio::spawn(async move {
                 let (mut s, m) = handshake::server_open(tcp, &tls).await.unwrap().unwrap();
-                let mut m = handshake::server_accept(&mut s, m).await.unwrap();
+                let mut m = handshake::server_accept(&mut s, m)
+                    .await
+                    .unwrap()
+                    .expect("a hello");
                 assert_eq!(m.heard(), Some(Heard::Control));
                 let skey = m
                     .accept_control(&TokenKey::from_token(b""), [7; 16])

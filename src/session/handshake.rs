@@ -3,6 +3,7 @@
 //! machines of [`crate::channels::handshake`], with timeouts so a silent peer cannot hold a
 //! connection.
 
+use std::io::ErrorKind;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -224,6 +225,16 @@ pub async fn server_open(
                 let m = m.bound(s.binding());
                 Ok(Some((s, m)))
             }
+            // The client closed or reset the connection mid-handshake: a client drops the
+            // data channels it was dialing when their session is refused.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset
+                ) =>
+            {
+                Err(Error::PeerVanished)
+            }
             Err(e) => Err(Error::Malformed(format!("TLS handshake: {e}"))),
         },
         Opening::Clear => {
@@ -250,15 +261,33 @@ pub async fn server_open(
 }
 
 /// Server: reads the client's hello, leaving the machine of [`server_open`] ready for the
-/// server's answer.
-pub async fn server_accept(s: &mut Stream, mut m: ServerHandshake) -> Result<ServerHandshake> {
+/// server's answer. `None` when the client closes the connection before the hello's first
+/// byte: a data channel dialed while its control connection authenticated, unused because
+/// the session did not open (a refused token or request).
+pub async fn server_accept(
+    s: &mut Stream,
+    mut m: ServerHandshake,
+) -> Result<Option<ServerHandshake>> {
     let mut buf = vec![0; m.wants()];
-    read_exact_timed(s, &mut buf).await?;
+    // Dropped, a client's TLS connection ends without its close_notify: an unexpected EOF.
+    match timed(s.read(&mut buf)).await? {
+        Ok(0) => return Ok(None),
+        Ok(n) => read_exact_timed(s, &mut buf[n..]).await?,
+        Err(e)
+            if matches!(
+                e.kind(),
+                ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset
+            ) =>
+        {
+            return Ok(None)
+        }
+        Err(_) => return Err(Error::PeerVanished),
+    }
     loop {
         m.handle(&buf)
             .map_err(|e| Error::Malformed(e.to_string()))?;
         if m.wants() == 0 {
-            return Ok(m);
+            return Ok(Some(m));
         }
         buf.resize(m.wants(), 0);
         read_exact_timed(s, &mut buf).await?;

@@ -318,14 +318,25 @@ async fn connection(
         let Some((mut s, m)) = handshake::server_open(tcp, &state.tls).await? else {
             return Ok(None);
         };
-        let m = handshake::server_accept(&mut s, m).await?;
+        let Some(m) = handshake::server_accept(&mut s, m).await? else {
+            return Ok(None);
+        };
         Ok::<_, Error>(Some((s, m)))
     };
-    let accepted = tokio::time::timeout(limits.handshake_timeout, handshake)
-        .await
-        .map_err(|_| Error::Timeout("waiting for the peer's handshake"))??;
+    let accepted = match tokio::time::timeout(limits.handshake_timeout, handshake).await {
+        Err(_) => return Err(Error::Timeout("waiting for the peer's handshake")),
+        // Not worth a warning: a client drops the data channels it dialed for a session that
+        // did not open, whatever their phase.
+        Ok(Err(Error::PeerVanished)) => {
+            tracing::debug!("{peer}: left during its handshake");
+            return Ok(());
+        }
+        Ok(r) => r?,
+    };
     let Some((mut s, mut m)) = accepted else {
-        tracing::debug!("{peer}: closed before its hello");
+        tracing::debug!(
+            "{peer}: closed before its hello (a port check, or a data channel its client did not use)"
+        );
         return Ok(());
     };
     drop(handshaking);
