@@ -107,6 +107,10 @@ pub enum Error {
     /// The peer aborted the session and said why.
     #[error("peer aborted the transfer: {0}")]
     PeerAborted(String),
+    /// The server is stopping ([`crate::session::server::Stopper`]: a signal, or its
+    /// embedder); what it says to each session's client.
+    #[error("the server is stopping ({0}): run the same command again once it is back, and the copy resumes where it stopped")]
+    Stopping(String),
     /// The connection closed in the middle of the session.
     #[error("the peer vanished in the middle of the transfer (connection closed); run the same command again to resume")]
     PeerVanished,

@@ -70,7 +70,7 @@ pub use session::builder::{ClientBuilder, ServerBuilder};
 pub use session::client::{BenchAmount, Client, PathRate, TransferOptions, Tune};
 pub use session::mptcp_paths::MptcpPaths;
 pub use session::report::{ChannelReport, LiveStats, TransferReport};
-pub use session::server::{Server, ServerConfig};
+pub use session::server::{Server, ServerConfig, Stopper};
 #[cfg(feature = "testing")]
 pub use session::FaultInjection;
 pub use session::{Auth, DEFAULT_PORT};

@@ -553,3 +553,91 @@ async fn data_channels_dial_while_the_control_connection_authenticates() {
          answers take {delay:?} to arrive): {arrivals:?}"
     );
 }
+
+/// A client of `addr` whose sender paces each of its 2 channels at 64 Mbit/s.
+fn slow_client(addr: std::net::SocketAddr) -> hsxfer::Client {
+    isolate_profiles();
+    hsxfer::Client::new(
+        &addr.ip().to_string(),
+        hsxfer::TransferOptions {
+            channels: 2,
+            port: addr.port(),
+            auth: Auth::NoAuth,
+            pace: hsxfer::tuning::desync::PaceChoice::Fixed(8_000_000),
+            ..Default::default()
+        },
+    )
+}
+
+/// Runs `transfer` until it has moved 16 MiB (four blocks), then stops `stopper`'s server; returns what
+/// the transfer then ended with.
+async fn stopped_midway<T: std::fmt::Debug>(
+    transfer: impl std::future::Future<Output = hsxfer::Result<T>>,
+    stats: &hsxfer::LiveStats,
+    stopper: &hsxfer::Stopper,
+) -> hsxfer::Result<T> {
+    tokio::pin!(transfer);
+    let moving = async {
+        while stats.total() < 16 << 20 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    };
+    tokio::select! {
+        r = &mut transfer => panic!("the transfer ended before the stop: {r:?}"),
+        _ = moving => {}
+    }
+    let (r, ()) = tokio::join!(transfer, stopper.stop("a test"));
+    r
+}
+
+/// A server that stops (`Stopper::stop`, what `hsxfer serve` does on SIGTERM) tells the
+/// client of a push and of a pull why, instead of closing the connections; the push run
+/// again against the server started anew resumes and completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_server_tells_its_clients_and_the_copy_then_resumes() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    // 64 MiB at 2 x 64 Mbit/s: about 4 s.
+    random_file(&src.path().join("f"), 64 << 20, 5);
+    let start = || async {
+        let s = hsxfer::Server::bind(config(
+            root.path(),
+            Auth::NoAuth,
+            FaultInjection::default(),
+            false,
+        ))
+        .await
+        .unwrap();
+        let (addr, stopper) = (s.local_addr(), s.stopper());
+        tokio::spawn(s.run());
+        (addr, stopper)
+    };
+    let said = |r: hsxfer::Result<hsxfer::TransferReport>| match r {
+        Err(hsxfer::Error::PeerAborted(m)) => assert!(
+            m.contains("the server is stopping (a test)") && m.contains("resumes"),
+            "{m}"
+        ),
+        other => panic!("not the server's word: {other:?}"),
+    };
+    let sources = [src.path().join("f")];
+    let (addr, stopper) = start().await;
+    let stats = live(2);
+    let c = slow_client(addr);
+    let push = c.push(&sources, false, "f", &stats);
+    said(stopped_midway(push, &stats, &stopper).await);
+
+    let (addr, stopper) = start().await;
+    let r = client(addr, 2)
+        .push(&sources, false, "f", &live(2))
+        .await
+        .unwrap();
+    assert!(r.verified);
+    assert!(r.bytes_resumed > 0, "nothing resumed: {r:?}");
+    assert_eq!(sha256(&root.path().join("f")), sha256(&sources[0]));
+
+    let back = src.path().join("back");
+    let stats = live(2);
+    let (c, remote) = (slow_client(addr), ["f".to_string()]);
+    let pull = c.pull(&remote, false, back.to_str().unwrap(), &stats);
+    said(stopped_midway(pull, &stats, &stopper).await);
+}

@@ -651,10 +651,17 @@ async fn serve(a: ServeArgs) -> anyhow::Result<bool> {
     })
     .await?;
     tracing::info!("serving {} on {}", root.display(), server.local_addr());
+    // A signal ends the sessions with a word to each client (run the copy again once the
+    // server is back), not with connections that just close.
+    let stopper = server.stopper();
+    let stop = |sig: Signal| async move {
+        tracing::info!("{sig}: stopping");
+        stopper.stop(sig.as_ref()).await;
+    };
     let Some(token) = announce else {
         tokio::select! {
             r = async { if a.once { server.run_once().await } else { server.run().await } } => r?,
-            sig = stop_signal() => tracing::info!("{sig}: stopping"),
+            sig = stop_signal() => stop(sig).await,
         }
         return Ok(true);
     };
@@ -677,7 +684,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<bool> {
     tokio::select! {
         r = server.run_once() => r?,
         _ = closed => tracing::info!("the ssh channel closed, stopping"),
-        sig = stop_signal() => tracing::info!("{sig}: stopping"),
+        sig = stop_signal() => stop(sig).await,
     }
     Ok(true)
 }

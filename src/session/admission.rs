@@ -128,6 +128,11 @@ impl Admission {
         enter(&self.handshakes, peer, false, caps)
     }
 
+    /// Authenticated sessions now.
+    pub fn sessions(&self) -> u32 {
+        self.sessions.lock().expect("admission lock").total
+    }
+
     /// Counts an authenticated session.
     pub fn session(&self, peer: IpAddr) -> Result<Ticket, Busy> {
         let l = &self.limits;

@@ -423,6 +423,7 @@ impl Client {
             faults: self.opts.faults(),
             forward_telemetry: None,
             growth: Some(growth),
+            stop: None,
         }
         .run();
         let out = on_runtime(out).await;
@@ -461,6 +462,7 @@ impl Client {
             growth: Some(growth),
             crash_at: None,
             budget: Some(super::budget::FileBudget::of_clients()),
+            stop: None,
         }
         .run();
         let out = on_runtime(out).await?;

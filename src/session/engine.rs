@@ -3,12 +3,34 @@
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::watch;
 use tokio::task::{JoinError, JoinSet};
 
 use super::report::SideOutcome;
 use super::wire::{ControlReader, ControlWriter};
 use crate::channels::control::Message;
 use crate::error::{Error, Result};
+
+/// Why the server is stopping, once it is ([`super::server::Stopper`]): an engine that
+/// watches it ends its session with [`Error::Stopping`], which tells the peer.
+pub type StopWatch = watch::Receiver<Option<String>>;
+
+/// Resolves with the reason once the server stops; never without a watch (a client's
+/// engine).
+pub async fn stopped(w: &mut Option<StopWatch>) -> Error {
+    let Some(w) = w.as_mut() else {
+        return std::future::pending().await;
+    };
+    let why = w
+        .wait_for(Option::is_some)
+        .await
+        .map(|why| why.clone().unwrap_or_default());
+    match why {
+        Ok(why) => Error::Stopping(why),
+        // The server is gone: nothing will say why.
+        Err(_) => std::future::pending().await,
+    }
+}
 
 /// How long an engine whose data channel broke waits for the real cause: a peer that fails
 /// sends its abort and drops its data channels at once, and the reset of a channel can

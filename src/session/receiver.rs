@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio::task::JoinSet;
 
 use super::budget::FileBudget;
-use super::engine::{channel_ended, conclude};
+use super::engine::{channel_ended, conclude, stopped, StopWatch};
 use super::fswork::FileWork;
 use super::growth::{admit_channels, recv_or_pending, Arrivals, Growth};
 use super::report::{LiveStats, SideOutcome};
@@ -78,6 +78,8 @@ pub struct ReceiveEngine<R, W> {
     pub await_telemetry: bool,
     /// Channels the sender's online tuner adds while the session runs.
     pub growth: Option<Growth>,
+    /// A server's stop: the session ends, telling the peer why (`None` for a client).
+    pub stop: Option<StopWatch>,
     /// Test fault: kill this process just before this step of a commit.
     pub crash_at: Option<CommitStep>,
     /// The process's budget of open files, shared with its other sessions; `None` bounds
@@ -255,6 +257,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                     }
                     self.ctrl_w.flush().await?;
                 }
+                e = stopped(&mut self.stop) => return Err(e),
                 Some((i, stream)) = recv_or_pending(&mut arrivals.joined) => {
                     if let Some(g) = &self.growth {
                         (g.setup)(i as usize, &stream)?;

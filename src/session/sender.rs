@@ -11,7 +11,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
-use super::engine::{channel_ended, conclude};
+use super::engine::{channel_ended, conclude, stopped, StopWatch};
 use super::faults::FaultInjection;
 use super::fswork::FileWork;
 use super::growth::{ask_for_channels, recv_or_pending, Arrivals, Growth};
@@ -59,6 +59,8 @@ pub struct SendEngine<R, W> {
     pub forward_telemetry: Option<Duration>,
     /// Channels the online tuner adds while the session runs.
     pub growth: Option<Growth>,
+    /// A server's stop: the session ends, telling the peer why (`None` for a client).
+    pub stop: Option<StopWatch>,
 }
 
 /// What every channel task of a session shares: where blocks come from and where their
@@ -217,6 +219,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                     channel_ended(r)?;
                     return Err(Error::PeerVanished);
                 }
+                e = stopped(&mut self.stop) => return Err(e),
                 _ = report.tick(), if self.forward_telemetry.is_some() => {
                     let batch = self.live.telemetry.take_batch(false);
                     self.ctrl_w.send(&Message::Telemetry(batch)).await?;

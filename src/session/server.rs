@@ -9,10 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, watch, Notify};
 
 use super::admission::{Admission, ServerLimits, Ticket};
 use super::budget::FileBudget;
+use super::engine::stopped;
 use super::faults::FaultInjection;
 use super::growth::{Arrivals, Growth, Joiner, Reserve, Setup};
 use super::handshake;
@@ -130,6 +131,8 @@ struct State {
     pending: Mutex<HashMap<SessionId, Pending>>,
     /// Told when a session that moved files (a push or a pull) ends, for [`Server::run_once`].
     transfer_ended: Notify,
+    /// Why the server is stopping, once it is ([`Stopper`]).
+    stop: watch::Sender<Option<String>>,
 }
 
 /// Tells [`State::transfer_ended`] when dropped, however the session ends.
@@ -185,6 +188,7 @@ impl Server {
                 admission: Admission::new(cfg.limits),
                 pending: Mutex::new(HashMap::new()),
                 transfer_ended: Notify::new(),
+                stop: watch::Sender::new(None),
             }),
         })
     }
@@ -197,6 +201,28 @@ impl Server {
     /// The bound address (useful with port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.listener.local_addr().expect("bound listener")
+    }
+
+    /// A handle that stops this server's sessions, telling each client why.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> hsxfer::Result<()> {
+    /// use hsxfer::{Server, ServerConfig};
+    /// # let cfg: ServerConfig = unimplemented!();
+    /// let server = Server::bind(cfg).await?;
+    /// let stopper = server.stopper();
+    /// tokio::select! {
+    ///     r = server.run() => r?,
+    ///     _ = tokio::signal::ctrl_c() => stopper.stop("SIGINT").await,
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn stopper(&self) -> Stopper {
+        Stopper {
+            state: self.state.clone(),
+        }
     }
 
     /// Serves until the first session that moves files (a push or a pull) ends, however it
@@ -236,10 +262,42 @@ impl Server {
             };
             let state = self.state.clone();
             tokio::spawn(async move {
-                if let Err(e) = connection(state, stream, peer, ticket).await {
-                    tracing::warn!("{peer}: {e}");
+                match connection(state, stream, peer, ticket).await {
+                    Ok(()) => {}
+                    Err(Error::Stopping(why)) => {
+                        tracing::info!("{peer}: session ended, the server is stopping ({why})")
+                    }
+                    Err(e) => tracing::warn!("{peer}: {e}"),
                 }
             });
+        }
+    }
+}
+
+/// Stops a server's sessions ([`Server::stopper`]).
+#[derive(Clone)]
+pub struct Stopper {
+    state: Arc<State>,
+}
+
+impl std::fmt::Debug for Stopper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stopper").finish_non_exhaustive()
+    }
+}
+
+/// How long [`Stopper::stop`] waits for the sessions to tell their clients and end.
+const STOP_GRACE: Duration = Duration::from_secs(3);
+
+impl Stopper {
+    /// Ends every session with [`Error::Stopping`] (`why`: "SIGTERM", say), which tells its
+    /// client to run the same command again once the server is back (the copy resumes), and
+    /// waits up to 3 s for them to end. A session that starts after this ends the same way.
+    pub async fn stop(&self, why: &str) {
+        self.state.stop.send_replace(Some(why.to_string()));
+        let deadline = tokio::time::Instant::now() + STOP_GRACE;
+        while self.state.admission.sessions() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 }
@@ -417,6 +475,13 @@ async fn control(
             }
         }
     };
+    let mut stop = Some(state.stop.subscribe());
+    let asked = async {
+        tokio::select! {
+            r = asked => r,
+            e = stopped(&mut stop) => Err(e),
+        }
+    };
     let req = match asked.await {
         Ok(req) => req,
         Err(e) => {
@@ -506,6 +571,7 @@ async fn control(
                 growth: Some(growth(reserve, tx, rx, setup, None)),
                 crash_at: faults.crash_at,
                 budget: Some(state.files.clone()),
+                stop: Some(state.stop.subscribe()),
             }
             .run()
             .await
@@ -530,6 +596,7 @@ async fn control(
                 faults,
                 forward_telemetry: Some(Duration::from_millis(req.tuning.interval_ms as u64)),
                 growth: Some(growth(reserve, tx, rx, setup, side.requests)),
+                stop: Some(state.stop.subscribe()),
             }
             .run()
             .await;
