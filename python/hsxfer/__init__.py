@@ -317,6 +317,11 @@ class Server:
         """``IP:PORT`` it listens on."""
         return self._server.address
 
+    def stop(self, why: str = "it was stopped") -> None:
+        """Ends the sessions running, telling each client ``why`` and to run its copy again
+        once the server is back (the copy then resumes); waits at most 3 s, then closes."""
+        self._server.stop(why)
+
     def close(self) -> None:
         """Stops accepting connections; sessions already running end on their own."""
         self._server.close()

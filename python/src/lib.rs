@@ -21,8 +21,8 @@ use hsxfer::session::settle::{settle, Source};
 use hsxfer::transport::tls::Fingerprint;
 use hsxfer::tuning::desync::PaceChoice;
 use hsxfer::{
-    Auth, BenchAmount, BenchDirection, Client, LiveStats, PathRate, Server, TransferOptions,
-    TransferReport,
+    Auth, BenchAmount, BenchDirection, Client, LiveStats, PathRate, Server, Stopper,
+    TransferOptions, TransferReport,
 };
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyUserWarning, PyValueError};
@@ -437,6 +437,7 @@ struct ServerHandle {
     fingerprint: String,
     stop: Mutex<Option<oneshot::Sender<()>>>,
     task: Mutex<Option<JoinHandle<hsxfer::Result<()>>>>,
+    stopper: Stopper,
 }
 
 #[pymethods]
@@ -470,6 +471,7 @@ impl ServerHandle {
         let server = py.detach(|| rt.block_on(builder.bind()).map_err(raise))?;
         let address = server.local_addr();
         let fingerprint = server.fingerprint().to_string();
+        let stopper = server.stopper();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = rt.spawn(async move {
             tokio::select! {
@@ -482,6 +484,7 @@ impl ServerHandle {
             fingerprint,
             stop: Mutex::new(Some(stop)),
             task: Mutex::new(Some(task)),
+            stopper,
         })
     }
 
@@ -501,6 +504,13 @@ impl ServerHandle {
     #[getter]
     fn address(&self) -> String {
         self.address.to_string()
+    }
+
+    /// Ends the sessions running, telling each client `why` and to run its copy again once
+    /// the server is back (waits at most 3 s), then closes.
+    fn stop(&self, py: Python<'_>, why: &str) -> PyResult<()> {
+        py.detach(|| runtime().block_on(self.stopper.stop(why)));
+        self.close(py)
     }
 
     /// Stops accepting connections (sessions already running end on their own). Raises

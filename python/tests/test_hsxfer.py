@@ -175,6 +175,34 @@ def test_an_interrupted_push_resumes(served, tmp_path):
     assert digest(root / "big") == digest(tmp_path / "big")
 
 
+def test_a_stopped_server_tells_the_client_why(tmp_path):
+    """Server.stop ends a running push with the server's reason, not a vanished peer."""
+    root = tmp_path / "root"
+    root.mkdir()
+    random_file(tmp_path / "big", 64 << 20)
+    server = hsxfer.Server(str(root))
+    failed = {}
+
+    def push():
+        try:
+            # 2 channels paced at 64 Mbit/s each: about 4 s for the whole file.
+            hsxfer.push([str(tmp_path / "big")], remote(server, "big"), channels=2,
+                        pace=64_000_000, tune="off", port=server.port)
+        except hsxfer.Error as e:
+            failed["message"] = str(e)
+
+    worker = threading.Thread(target=push)
+    worker.start()
+    deadline = time.monotonic() + 20
+    while not any(p.name.endswith("hsxfer-part") and p.stat().st_size > 0
+                  for p in root.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    server.stop("maintenance")
+    worker.join()
+    assert "the server is stopping (maintenance)" in failed.get("message", ""), failed
+    assert not (root / "big").exists()
+
+
 def test_the_gil_is_released_while_a_transfer_runs(served, tmp_path):
     server, _, token = served
     random_file(tmp_path / "f", 24 << 20)
