@@ -20,7 +20,7 @@ use super::receiver::{ReceiveEngine, Sink};
 use super::report::{LiveStats, SideOutcome, TransferReport, TuningReport};
 use super::sampler::SendingSide;
 use super::secure::{open_control, OpenedControl, Security};
-use super::sender::SendEngine;
+use super::sender::{Announced, SendEngine};
 use super::source::{BenchLimit, SendSource};
 use super::tuning::{
     check_congestion, enforce_congestion, local_plan, online_tuner, read_setup, LocalPlan, Side,
@@ -28,7 +28,8 @@ use super::tuning::{
 use super::wire::{control_pair, ControlReader, ControlWriter, Side as WireSide};
 use super::{Auth, DEFAULT_PORT};
 use crate::channels::control::{
-    BenchDirection, HostFacts, OnlineTuning, Operation, Policy, Request, Tuning, PROTOCOL_VERSION,
+    BenchDirection, HostFacts, Message, OnlineTuning, Operation, Policy, Request, Tuning,
+    PROTOCOL_VERSION,
 };
 use crate::channels::limits;
 use crate::channels::opening::{Answer, ClientOpening, OpeningError};
@@ -331,12 +332,15 @@ impl Client {
             dest: dest.to_string(),
             sources: sources.len() as u32,
         };
-        let mut o = self.open(op, true, live).await?;
         let passed_over = tree.passed_over_note();
+        let mut source = SendSource::tree(tree);
+        let mut announced = Announced::new(self.opts.block_size);
+        let first = announced.take_ready(&mut source, live);
+        let mut o = self.open(op, true, live, first).await?;
         o.tuning
             .notes
             .extend(passed_over.map(|n| format!("client: {n}")));
-        self.send(o, SendSource::tree(tree), "push", live).await
+        self.send(o, source, Some(announced), "push", live).await
     }
 
     /// Fetches `sources` (relative to the server root) into local `dest`.
@@ -353,7 +357,7 @@ impl Client {
             sources: sources.to_vec(),
             recursive,
         };
-        let o = self.open(op, false, live).await?;
+        let o = self.open(op, false, live, Vec::new()).await?;
         self.receive(o, Sink::Files(dest), "pull", live).await
     }
 
@@ -375,12 +379,12 @@ impl Client {
             seconds,
         };
         let upload = direction == BenchDirection::Upload;
-        let o = self.open(op, upload, live).await?;
+        let o = self.open(op, upload, live, Vec::new()).await?;
         if upload {
             let limit = bench_limit(bytes, seconds)?;
             let rtt = Duration::from_micros(o.tuning.rtt_us);
             let src = SendSource::generated(self.opts.block_size, limit, self.opts.channels, rtt);
-            self.send(o, src, "bench-upload", live).await
+            self.send(o, src, None, "bench-upload", live).await
         } else {
             self.receive(o, Sink::Discard, "bench-download", live).await
         }
@@ -390,6 +394,7 @@ impl Client {
         &self,
         o: Opened,
         source: SendSource,
+        announced: Option<Announced>,
         name: &str,
         live: &Arc<LiveStats>,
     ) -> Result<TransferReport> {
@@ -424,6 +429,7 @@ impl Client {
             forward_telemetry: None,
             growth: Some(growth),
             stop: None,
+            announced,
         }
         .run();
         let out = on_runtime(out).await;
@@ -542,7 +548,16 @@ impl Client {
 
     /// Connects, authenticates, measures the RTT, plans the transport settings, sends the
     /// request and joins the data channels with their settings applied.
-    async fn open(&self, op: Operation, we_send: bool, live: &LiveStats) -> Result<Opened> {
+    /// Opens a session for `op`: the control connection, the request (followed by `ahead`,
+    /// messages the engine would send first: a push's first manifest pieces) and the data
+    /// channels.
+    async fn open(
+        &self,
+        op: Operation,
+        we_send: bool,
+        live: &LiveStats,
+        ahead: Vec<Message>,
+    ) -> Result<Opened> {
         self.opts.validate()?;
         let n = self.connections();
         let mut mptcp_notes = Vec::new();
@@ -624,7 +639,9 @@ impl Client {
             block_size: self.opts.block_size,
             tuning,
         });
-        ctrl_w.send(&request).await?;
+        ctrl_w.queue(&request);
+        ahead.iter().for_each(|m| ctrl_w.queue(m));
+        ctrl_w.flush().await?;
         // Should the server refuse the request, dropping `joins` aborts the channels.
         match opening.on_message(ctrl_r.expect().await?, Instant::now())? {
             Answer::Accepted { notes, .. } => report.notes.extend(notes),

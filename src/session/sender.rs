@@ -61,6 +61,51 @@ pub struct SendEngine<R, W> {
     pub growth: Option<Growth>,
     /// A server's stop: the session ends, telling the peer why (`None` for a client).
     pub stop: Option<StopWatch>,
+    /// The manifest announced before the engine started (a client sends its first pieces
+    /// with its request); `None` to start from nothing.
+    pub announced: Option<Announced>,
+}
+
+/// The manifest a sending end has announced: the planner that follows its files, and how
+/// many it named. A pushing client announces the first pieces right after its request, so
+/// the receiver's plan for them comes back while the data channels join, a round trip
+/// sooner.
+pub struct Announced {
+    planner: SendPlanner,
+    files: u64,
+}
+
+impl Announced {
+    /// Nothing announced yet, for blocks of `block_size`.
+    pub fn new(block_size: u32) -> Self {
+        Announced {
+            planner: SendPlanner::new(block_size),
+            files: 0,
+        }
+    }
+
+    /// Every manifest piece `source` has ready now (it keeps a window of unfinished files),
+    /// counted into the planner and `live`'s expected bytes; the messages to send, in order.
+    pub fn take_ready(&mut self, source: &mut SendSource, live: &LiveStats) -> Vec<Message> {
+        let written = live.total();
+        let rate = written as f64 / live.elapsed().max(1e-3);
+        let mut ready = Vec::new();
+        while let Some((entries, last)) = source.next_chunk(
+            self.planner.unfinished() as u64,
+            live.expected().saturating_sub(written),
+            rate,
+        ) {
+            for e in &entries {
+                if let EntryKind::File { size } = e.kind {
+                    self.files += 1;
+                    live.expect_more(size);
+                }
+            }
+            self.planner.announce(&entries, last);
+            ready.push(Message::Manifest { entries, last });
+        }
+        ready
+    }
 }
 
 /// What every channel task of a session shares: where blocks come from and where their
@@ -131,32 +176,20 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
         crew: &Crew,
         tasks: &mut JoinSet<Result<()>>,
     ) -> Result<SideOutcome> {
-        let mut planner = SendPlanner::new(self.block_size);
+        let mut announced = self
+            .announced
+            .take()
+            .unwrap_or_else(|| Announced::new(self.block_size));
         let mut out = SideOutcome::default();
-        let mut announced = 0u64;
         let mut done = 0u64;
         let mut arrivals = Arrivals::take(&mut self.growth);
         let period = self.forward_telemetry.unwrap_or(Duration::from_secs(3600));
         let mut report = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         loop {
-            let written = self.live.total();
-            let rate = written as f64 / self.live.elapsed().max(1e-3);
-            while let Some((entries, last)) = self.source.next_chunk(
-                planner.unfinished() as u64,
-                self.live.expected().saturating_sub(written),
-                rate,
-            ) {
-                for e in &entries {
-                    if let EntryKind::File { size } = e.kind {
-                        announced += 1;
-                        self.live.expect_more(size);
-                    }
-                }
-                planner.announce(&entries, last);
-                self.ctrl_w
-                    .send(&Message::Manifest { entries, last })
-                    .await?;
+            for piece in announced.take_ready(&mut self.source, &self.live) {
+                self.ctrl_w.send(&piece).await?;
             }
+            let planner = &mut announced.planner;
             if planner.finished() {
                 break;
             }
@@ -226,10 +259,10 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                 }
             }
         }
-        out.files = announced;
-        out.bytes_skipped = planner.skipped_bytes();
-        out.bytes_resumed = planner.resumed_bytes();
-        out.files_skipped = announced - done;
+        out.files = announced.files;
+        out.bytes_skipped = announced.planner.skipped_bytes();
+        out.bytes_resumed = announced.planner.resumed_bytes();
+        out.files_skipped = announced.files - done;
         out.verified = true;
         Ok(out)
     }

@@ -597,6 +597,7 @@ async fn control(
                 forward_telemetry: Some(Duration::from_millis(req.tuning.interval_ms as u64)),
                 growth: Some(growth(reserve, tx, rx, setup, side.requests)),
                 stop: Some(state.stop.subscribe()),
+                announced: None,
             }
             .run()
             .await;
