@@ -551,21 +551,21 @@ async fn slow_relay(
     (addr, relayed)
 }
 
-/// The data channels connect while the control connection authenticates, not a round trip
-/// after: with the server's answers on the control connection held for 600 ms, every data
-/// channel arrives within 1.5 of those delays of the control connection (its TLS flight
-/// takes one; waiting for the authentication's answer, as before, takes two).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn data_channels_dial_while_the_control_connection_authenticates() {
+/// Pushes a file of `size` bytes over `channels` through a [`slow_relay`] (`delay`, `all`)
+/// to a loopback server, checks that it arrived intact, and returns what the relay saw.
+async fn push_through_relay(
+    size: u64,
+    channels: u16,
+    delay: std::time::Duration,
+    all: bool,
+) -> Relayed {
     let src = tempfile::tempdir().unwrap();
     let root = tempfile::tempdir().unwrap();
-    random_file(&src.path().join("f"), 100_000, 7);
+    random_file(&src.path().join("f"), size, 7);
     let server = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
-    let delay = std::time::Duration::from_millis(600);
-    let (relay, relayed) = slow_relay(server, delay, false).await;
-    let n = 4;
-    let r = client(relay, n)
-        .push(&[src.path().join("f")], false, "f", &live(n))
+    let (relay, relayed) = slow_relay(server, delay, all).await;
+    let r = client(relay, channels)
+        .push(&[src.path().join("f")], false, "f", &live(channels))
         .await
         .unwrap();
     assert!(r.verified);
@@ -573,7 +573,19 @@ async fn data_channels_dial_while_the_control_connection_authenticates() {
         sha256(&root.path().join("f")),
         sha256(&src.path().join("f"))
     );
-    let arrivals = relayed.lock().unwrap().arrivals.clone();
+    let seen = relayed.lock().unwrap().clone();
+    seen
+}
+
+/// The data channels connect while the control connection authenticates, not a round trip
+/// after: with the server's answers on the control connection held for 600 ms, every data
+/// channel arrives within 1.5 of those delays of the control connection (its TLS flight
+/// takes one; waiting for the authentication's answer, as before, takes two).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_channels_dial_while_the_control_connection_authenticates() {
+    let delay = std::time::Duration::from_millis(600);
+    let n = 4;
+    let arrivals = push_through_relay(100_000, n, delay, false).await.arrivals;
     assert_eq!(arrivals.len(), 1 + n as usize, "{arrivals:?}");
     let late = arrivals[1..].iter().max().unwrap();
     assert!(
@@ -590,22 +602,8 @@ async fn data_channels_dial_while_the_control_connection_authenticates() {
 /// took 5 (5.15). The bound is 4.6.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_announces_its_files_with_its_request() {
-    let src = tempfile::tempdir().unwrap();
-    let root = tempfile::tempdir().unwrap();
-    random_file(&src.path().join("f"), 1 << 20, 8);
-    let server = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
     let delay = std::time::Duration::from_millis(800);
-    let (relay, relayed) = slow_relay(server, delay, true).await;
-    let r = client(relay, 2)
-        .push(&[src.path().join("f")], false, "f", &live(2))
-        .await
-        .unwrap();
-    assert!(r.verified);
-    assert_eq!(
-        sha256(&root.path().join("f")),
-        sha256(&src.path().join("f"))
-    );
-    let relayed = relayed.lock().unwrap().clone();
+    let relayed = push_through_relay(1 << 20, 2, delay, true).await;
     let first = relayed.first_block.expect("a block went through");
     assert!(
         first < delay * 23 / 5,
