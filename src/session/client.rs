@@ -546,11 +546,10 @@ impl Client {
         Ok(addrs)
     }
 
-    /// Connects, authenticates, measures the RTT, plans the transport settings, sends the
-    /// request and joins the data channels with their settings applied.
-    /// Opens a session for `op`: the control connection, the request (followed by `ahead`,
-    /// messages the engine would send first: a push's first manifest pieces) and the data
-    /// channels.
+    /// Opens a session for `op`: connects and authenticates the control connection, plans
+    /// the transport settings from the RTT, dials the data channels meanwhile, sends the
+    /// request (followed by `ahead`, messages the engine would send first: a push's first
+    /// manifest pieces) and joins the channels with their settings applied.
     async fn open(
         &self,
         op: Operation,

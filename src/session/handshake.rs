@@ -225,16 +225,8 @@ pub async fn server_open(
                 let m = m.bound(s.binding());
                 Ok(Some((s, m)))
             }
-            // The client closed or reset the connection mid-handshake: a client drops the
-            // data channels it was dialing when their session is refused.
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset
-                ) =>
-            {
-                Err(Error::PeerVanished)
-            }
+            // A client drops the data channels it was dialing when their session is refused.
+            Err(e) if left(&e) => Err(Error::PeerVanished),
             Err(e) => Err(Error::Malformed(format!("TLS handshake: {e}"))),
         },
         Opening::Clear => {
@@ -260,6 +252,15 @@ pub async fn server_open(
     }
 }
 
+/// Whether a read failed because the client closed or reset the connection: dropped, a
+/// client's TLS connection ends without its close_notify, an unexpected EOF to rustls.
+fn left(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset
+    )
+}
+
 /// Server: reads the client's hello, leaving the machine of [`server_open`] ready for the
 /// server's answer. `None` when the client closes the connection before the hello's first
 /// byte: a data channel dialed while its control connection authenticated, unused because
@@ -269,18 +270,10 @@ pub async fn server_accept(
     mut m: ServerHandshake,
 ) -> Result<Option<ServerHandshake>> {
     let mut buf = vec![0; m.wants()];
-    // Dropped, a client's TLS connection ends without its close_notify: an unexpected EOF.
     match timed(s.read(&mut buf)).await? {
         Ok(0) => return Ok(None),
         Ok(n) => read_exact_timed(s, &mut buf[n..]).await?,
-        Err(e)
-            if matches!(
-                e.kind(),
-                ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset
-            ) =>
-        {
-            return Ok(None)
-        }
+        Err(e) if left(&e) => return Ok(None),
         Err(_) => return Err(Error::PeerVanished),
     }
     loop {
