@@ -189,8 +189,9 @@ pub struct TunerReport {
     /// The bottleneck's goodput rate the caps were set from last, bits/s (lowered when the
     /// channels lost at their caps).
     pub rate_bps: Option<u64>,
-    /// The rate last measured directly (by the meter, or a probe above the caps that the path
-    /// delivered), bits/s: what a saved profile keeps.
+    /// The rate last measured directly (by the meter, a probe above the caps that the path
+    /// delivered, or the most it delivered when losses showed the meter's reading high),
+    /// bits/s: what a saved profile keeps.
     #[serde(default)]
     pub measured_bps: Option<u64>,
     /// How the meter ended, if one ran.
