@@ -138,6 +138,10 @@ const BELOW_CAPS: f64 = 0.85;
 /// and leaves goodput below the caps too): under random loss the windows, not the caps,
 /// hold the channels well below them.
 const REACHED_CAPS: f64 = 0.85;
+/// Span of the goodput readings whose most is what the path delivered, seconds (at least
+/// four rounds): over a round of 60 ms the lab's deliveries read up to 8 % above the link
+/// after a stall of the ACK stream, and a reading above the caps hid caps above the link.
+const BEST_SPAN_S: f64 = 0.5;
 /// Shortest time between two changes of the channel count, seconds.
 const EPOCH_MIN_S: f64 = 2.0;
 /// An added channel must bring at least this share of an average channel's goodput.
@@ -254,7 +258,7 @@ pub struct OnlineTuner {
     doubtful: bool,
     channels: u16,
     below_cap_losses: Vec<f64>,
-    /// The most all channels delivered over two rounds since the meter ended, bytes/s.
+    /// The most all channels delivered over [`BEST_SPAN_S`] since the meter ended, bytes/s.
     best_delivered: f64,
     /// Whether losses below the caps already lowered the estimate once (the next ones are
     /// random loss).
@@ -577,7 +581,7 @@ impl OnlineTuner {
                 self.below_cap_losses.push(t);
             }
         }
-        if let Some(g) = est.goodput(2.0 * round.max(TICK_S)) {
+        if let Some(g) = est.goodput(BEST_SPAN_S.max(4.0 * round)) {
             self.best_delivered = self.best_delivered.max(g);
         }
         if self.cfg.pace {
