@@ -159,21 +159,6 @@ impl PathEstimator {
         })
     }
 
-    /// The longest stretch since `since`, seconds, in which channel i delivered nothing (the
-    /// ACK stream stalled, or the channel had nothing to send).
-    pub fn longest_stall(&self, i: usize, since: f64) -> f64 {
-        let Some(tr) = self.tracks.get(i) else {
-            return 0.0;
-        };
-        let mut last = since;
-        let mut longest: f64 = 0.0;
-        for (t, _) in tr.rate_history.iter().filter(|(t, _)| *t >= since) {
-            longest = longest.max(t - last);
-            last = *t;
-        }
-        longest.max(self.last_t - last)
-    }
-
     /// Whether channel i has run out of data: it delivered before, nothing over the last
     /// `window` seconds, and its socket holds nothing unsent (a channel the network stalls
     /// still has data waiting).
@@ -275,7 +260,7 @@ mod tests {
     }
 
     #[test]
-    fn rate_maxima_and_stalls_are_taken_over_a_span() {
+    fn rate_maxima_are_taken_over_a_span() {
         let mut e = PathEstimator::new();
         let rates = [5, 6, 7, 50, 7, 8, 8, 8, 3];
         for (k, r) in rates.iter().enumerate() {
@@ -283,12 +268,10 @@ mod tests {
         }
         assert_eq!(e.channel_rate_since(0, 0.0), 50.0);
         assert_eq!(e.channel_rate_since(0, 0.04), 8.0);
-        // Every tick delivered something: no stall longer than a tick.
-        assert!((e.longest_stall(0, 0.0) - 0.01).abs() < 1e-9);
     }
 
     #[test]
-    fn losses_are_counted_once_per_recovery_and_stalls_are_seen() {
+    fn losses_are_counted_once_per_recovery() {
         let mut e = PathEstimator::new();
         let mut s = reading(10, 1);
         e.observe(0.0, &[Some(s)]);
@@ -299,8 +282,6 @@ mod tests {
         s.total_retrans = 5;
         assert!(e.observe(0.02, &[Some(s)]).new_losses.is_empty());
         assert_eq!(e.last_loss_at(), Some(0.01));
-        e.observe(0.03, &[Some(s)]);
-        assert!((e.longest_stall(0, 0.0) - 0.02).abs() < 1e-9);
     }
 
     #[test]
