@@ -1127,6 +1127,20 @@ mod tests {
         );
     }
 
+    /// A channel's `TCP_INFO` on a 40 ms path, out of slow start: `delivered` segments so far
+    /// and a window of `cwnd`.
+    fn at_40ms(delivered: u32, cwnd: u32) -> TcpSample {
+        TcpSample {
+            delivered,
+            mss: 1448,
+            cwnd,
+            ssthresh: 1000,
+            rtt_us: 40_000,
+            min_rtt_us: 40_000,
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn channels_out_of_data_leave_their_share_to_those_still_sending() {
         // 4 channels capped at a known 100 MB/s, 40 ms; windows allow 60 MB/s each. After
@@ -1144,15 +1158,7 @@ mod tests {
                     } else {
                         1 + k * 17
                     };
-                    Some(TcpSample {
-                        delivered,
-                        mss: 1448,
-                        cwnd: 1658,
-                        ssthresh: 1000,
-                        rtt_us: 40_000,
-                        min_rtt_us: 40_000,
-                        ..Default::default()
-                    })
+                    Some(at_40ms(delivered, 1658))
                 })
                 .collect();
             let tick = est.observe(t, &readings);
@@ -1209,14 +1215,8 @@ mod tests {
                 retrans += 1;
             }
             let reading = TcpSample {
-                delivered: delivered as u32,
                 total_retrans: retrans,
-                mss: 1448,
-                cwnd: 2000,
-                ssthresh: 1000,
-                rtt_us: 40_000,
-                min_rtt_us: 40_000,
-                ..Default::default()
+                ..at_40ms(delivered as u32, 2000)
             };
             let tick = est.observe(t, &[Some(reading); 4]);
             tuner.on_tick(&est, &tick);
@@ -1263,15 +1263,7 @@ mod tests {
             let readings: Vec<Option<TcpSample>> = (0..4)
                 .map(|i| {
                     delivered[i] += carried * caps[i] / offered * 0.01 / 1448.0;
-                    Some(TcpSample {
-                        delivered: delivered[i] as u32,
-                        mss: 1448,
-                        cwnd: 5000,
-                        ssthresh: 1000,
-                        rtt_us: 40_000,
-                        min_rtt_us: 40_000,
-                        ..Default::default()
-                    })
+                    Some(at_40ms(delivered[i] as u32, 5000))
                 })
                 .collect();
             let tick = est.observe(t, &readings);
