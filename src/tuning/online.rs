@@ -716,22 +716,29 @@ impl OnlineTuner {
             return None;
         }
         self.rechecked = true;
-        self.rate = Some(rate);
+        self.lower_estimate(rate, t);
+        // Said here, not as a cut at the caps.
         self.reported_rate = rate;
         self.report.rate_bps = Some((rate * 8.0) as u64);
         // What the full path delivered is a measurement: a profile must not keep the high one.
         self.report.measured_bps = Some((rate * 8.0) as u64);
         self.below_cap_losses.clear();
         self.last_change = t;
-        self.last_cut = t;
-        let after_cut = t + PROBE_AFTER_CUT_S;
-        self.next_probe = Some(self.next_probe.map_or(after_cut, |n| n.min(after_cut)));
-        self.last_share = f64::NEG_INFINITY;
         Some(format!(
             "losses below the caps after the channels delivered {:.1} Mbit/s: bottleneck estimate lowered to that (was {:.1}); random loss if they go on",
             rate * 8e-6,
             was * 8e-6
         ))
+    }
+
+    /// Lowers the estimate to `rate` at `t`: the caps are re-shared at the next tick, and a
+    /// probe comes [`PROBE_AFTER_CUT_S`] later (competing traffic may leave).
+    fn lower_estimate(&mut self, rate: f64, t: f64) {
+        self.rate = Some(rate);
+        self.last_cut = t;
+        let after_cut = t + PROBE_AFTER_CUT_S;
+        self.next_probe = Some(self.next_probe.map_or(after_cut, |n| n.min(after_cut)));
+        self.last_share = f64::NEG_INFINITY;
     }
 
     fn pace_all(&mut self) -> Vec<Action> {
@@ -767,29 +774,25 @@ impl OnlineTuner {
                     .goodput(p.span - round)
                     .unwrap_or(0.0)
                     .min(p.before * p.gain);
-                let grew = during >= p.before * (1.0 + 0.75 * (p.gain - 1.0));
-                if grew {
-                    // The path delivered more than the estimate: what it delivered is the new
-                    // estimate, and a higher probe follows soon. Not that over the pacing gain:
-                    // a probe that filled the path delivered the path's rate, and 3 % above it
-                    // the caps met at the bottleneck (probes above a meter's rate on 200
-                    // Mbit/s × 40 ms × 16 packets then raised 189 to 197-199 Mbit/s, over the
-                    // 191 the path carries). A loss during the probe does not undo what was
-                    // delivered; through random loss most probes see one (a loss vetoed them,
-                    // and a rate saved 10x low on a path with 0.01 % loss stayed there).
-                    let r = rate.max(during);
-                    self.rate = Some(r);
-                    self.report.measured_bps = Some((r * 8.0) as u64);
+                // What the path delivered above the estimate is the new estimate, whether
+                // or not the probe paid (a meter 3 % low stayed low when only probes that paid
+                // counted). Not that over the pacing gain: a probe that filled the path
+                // delivered the path's rate, and 3 % above it the caps met at the bottleneck
+                // (probes above a meter's rate on 200 Mbit/s × 40 ms × 16 packets then raised
+                // 189 to 197-199 Mbit/s, over the 191 the path carries). A loss during the
+                // probe does not undo what was delivered; through random loss most probes
+                // see one (a loss vetoed them, and a rate saved 10x low on a path with 0.01 %
+                // loss stayed there).
+                if during > rate {
+                    self.rate = Some(during);
+                    self.report.measured_bps = Some((during * 8.0) as u64);
+                }
+                if during >= p.before * (1.0 + 0.75 * (p.gain - 1.0)) {
+                    // It paid: a higher probe follows soon.
                     self.probe_gain = (self.probe_gain * 2.0 - 1.0).min(PROBE_GAIN_MAX);
                     self.next_probe = Some(t + 4.0 * round);
                 } else {
-                    // It did not take as much more as it was offered: the estimate still
-                    // rises to what the path delivered, if more, and the next probe starts
-                    // again from the least gain (a meter 3 % low stays low otherwise).
-                    if during > rate {
-                        self.rate = Some(during);
-                        self.report.measured_bps = Some((during * 8.0) as u64);
-                    }
+                    // It took less than it was offered: the next starts from the least gain.
                     self.probe_gain = PROBE_GAIN;
                     self.next_probe = Some(t + self.probe_interval);
                     self.probe_interval = (self.probe_interval * 2.0).min(PROBE_INTERVAL_MAX_S);
@@ -804,11 +807,7 @@ impl OnlineTuner {
             if self.losses_at_caps.len() < 2 || t - self.last_cut < CUT_SPAN_ROUNDS * round / 4.0 {
                 return;
             }
-            self.rate = Some(rate * CUT);
-            self.last_cut = t;
-            let after_cut = t + PROBE_AFTER_CUT_S;
-            self.next_probe = Some(self.next_probe.map_or(after_cut, |n| n.min(after_cut)));
-            self.last_share = f64::NEG_INFINITY;
+            self.lower_estimate(rate * CUT, t);
         } else if !lost
             && self.next_probe.is_some_and(|n| t >= n)
             && delivered2 >= 0.95 * total
