@@ -87,7 +87,8 @@ const PLATEAU_ROUNDS: usize = 3;
 /// Shortest round for timing decisions on very short paths (the sampling tick is 10 ms).
 const MIN_ROUND_S: f64 = 0.02;
 /// A probe raises the caps' total by this factor at first, more after each probe that
-/// paid, up to [`PROBE_GAIN_MAX`].
+/// paid, up to [`PROBE_GAIN_MAX`]. After a larger probe that did not pay, probes stay at this
+/// gain until one of them does not pay either.
 const PROBE_GAIN: f64 = 1.05;
 const PROBE_GAIN_MAX: f64 = 1.25;
 /// A probe lasts three rounds, or longer when the caps send fewer segments than this in that
@@ -247,6 +248,12 @@ pub struct OnlineTuner {
     last_share: f64,
     probe: Option<Probe>,
     probe_gain: f64,
+    /// The most the next probes may raise the caps by: [`PROBE_GAIN`] after a larger probe
+    /// overshot the path, so that the estimate closes in on it in small steps.
+    probe_gain_max: f64,
+    /// Whether the probe now ending is already the second try of one that took more than
+    /// the estimate but too little to pay.
+    probe_retried: bool,
     probe_interval: f64,
     /// When the next probe may start: after the meter, after a saved rate's first seconds, and
     /// after the estimate was lowered.
@@ -292,6 +299,8 @@ impl OnlineTuner {
             last_share: 0.0,
             probe: None,
             probe_gain: PROBE_GAIN,
+            probe_gain_max: PROBE_GAIN_MAX,
+            probe_retried: false,
             probe_interval: PROBE_INTERVAL_S,
             next_probe: None,
             last_cut: f64::NEG_INFINITY,
@@ -787,13 +796,29 @@ impl OnlineTuner {
                     self.rate = Some(during);
                     self.report.measured_bps = Some((during * 8.0) as u64);
                 }
+                self.next_probe = Some(t + 4.0 * round);
                 if during >= p.before * (1.0 + 0.75 * (p.gain - 1.0)) {
                     // It paid: a higher probe follows soon.
-                    self.probe_gain = (self.probe_gain * 2.0 - 1.0).min(PROBE_GAIN_MAX);
-                    self.next_probe = Some(t + 4.0 * round);
-                } else {
-                    // It took less than it was offered: the next starts from the least gain.
+                    self.probe_gain = (self.probe_gain * 2.0 - 1.0).min(self.probe_gain_max);
+                    self.probe_retried = false;
+                } else if p.gain > PROBE_GAIN {
+                    // It overshot: the path may still carry more than the estimate, in
+                    // smaller steps. On path (a) a probe 20 % above caps at 859 Mbit/s took
+                    // less than the estimate, and the copy stayed there (85.8 % of the link).
                     self.probe_gain = PROBE_GAIN;
+                    self.probe_gain_max = PROBE_GAIN;
+                } else if during > rate && !self.probe_retried {
+                    // It took more than the estimate but too little to pay: a few percent
+                    // over half a second on a busy host is within the readings' noise (on
+                    // path (a), 887 of the 900 Mbit/s offered, and the copy stayed at 887
+                    // where others ran at 946). Once more.
+                    self.probe_retried = true;
+                } else {
+                    // It took no more than the estimate, or twice too little: the next
+                    // comes later, from the least gain.
+                    self.probe_gain = PROBE_GAIN;
+                    self.probe_gain_max = PROBE_GAIN_MAX;
+                    self.probe_retried = false;
                     self.next_probe = Some(t + self.probe_interval);
                     self.probe_interval = (self.probe_interval * 2.0).min(PROBE_INTERVAL_MAX_S);
                 }
@@ -1243,22 +1268,21 @@ mod tests {
         assert_eq!(rep.decisions.len(), 1, "{rep:?}");
     }
 
-    #[test]
-    fn a_probe_that_takes_less_than_it_offers_still_raises_the_estimate_to_what_it_took() {
-        // A saved rate 5 % under a 100 MB/s link. The first probe (5 % over the caps) takes
-        // all it offers; the second (10 %) takes only up to the link.
-        let link = 100e6;
-        let mut cfg = config(4, 4, Some(0.95 * link));
+    /// Drives a tuner capped from a saved rate of `saved` bytes/s (probed after 10 s) with
+    /// four channels on a 40 ms path for `seconds`: `carried(t, offered)` is what the path
+    /// delivers of what the caps offer. Returns the rate estimate at the end, bytes/s.
+    fn probed_rate(saved: f64, carried: impl Fn(f64, f64) -> f64, seconds: u32) -> f64 {
+        let mut cfg = config(4, 4, Some(saved));
         cfg.probe_known_rate = true;
         let mut tuner = OnlineTuner::new(cfg);
         let mut est = PathEstimator::new();
         let mut caps: Vec<f64> = (0..4).map(|i| tuner.initial(i).1.unwrap() as f64).collect();
         let mut delivered = [1.0f64; 4];
-        for k in 0..1500u32 {
+        for k in 0..seconds * 100 {
             let t = k as f64 * 0.01;
-            // The link shares what it carries in proportion to what each channel offers.
+            // The path shares what it carries in proportion to what each channel offers.
             let offered: f64 = caps.iter().sum();
-            let carried = offered.min(link);
+            let carried = carried(t, offered);
             let readings: Vec<Option<TcpSample>> = (0..4)
                 .map(|i| {
                     delivered[i] += carried * caps[i] / offered * 0.01 / 1448.0;
@@ -1272,7 +1296,41 @@ mod tests {
                 }
             }
         }
-        let rate = tuner.report().rate_bps.unwrap() as f64 / 8.0;
-        assert!((rate / link - 1.0).abs() < 0.01, "{:?}", tuner.report());
+        tuner.report().rate_bps.unwrap() as f64 / 8.0
+    }
+
+    #[test]
+    fn a_probe_that_takes_less_than_it_offers_still_raises_the_estimate_to_what_it_took() {
+        // A saved rate 5 % under a 100 MB/s link. The first probe (5 % over the caps) takes
+        // all it offers; the second (10 %) takes only up to the link.
+        let link = 100e6;
+        let rate = probed_rate(0.95 * link, |_, offered| offered.min(link), 15);
+        assert!((rate / link - 1.0).abs() < 0.01, "{rate}");
+    }
+
+    #[test]
+    fn after_a_probe_that_overshot_the_path_smaller_ones_close_in_on_it() {
+        // A saved rate 15 % under a 100 MB/s link with a tiny queue: offered more than the
+        // link, the path's losses leave it carrying 90 %. Probes of 5 and 10 % pay, the
+        // third (20 %) overshoots and takes less than the estimate; probes of 5 % follow
+        // until one overshoots too.
+        let link = 100e6;
+        let carried = |_, offered: f64| if offered > link { 0.9 * link } else { offered };
+        let rate = probed_rate(0.85 * link, carried, 20);
+        assert!(rate > 0.97 * link && rate < 1.001 * link, "{rate}");
+    }
+
+    #[test]
+    fn a_probe_that_took_a_little_more_than_the_estimate_is_tried_again() {
+        // A saved rate 10 % under a 100 MB/s link; while the first probe runs (10-10.5 s),
+        // a busy host delivers 1.5 % less than the caps offer, so that probe takes more than
+        // the estimate but too little to pay. The next, on a quiet host, pays.
+        let link = 100e6;
+        let carried = |t: f64, offered: f64| {
+            let busy = if (9.5..10.7).contains(&t) { 0.985 } else { 1.0 };
+            busy * offered.min(link)
+        };
+        let rate = probed_rate(0.9 * link, carried, 20);
+        assert!(rate > 0.97 * link && rate < 1.001 * link, "{rate}");
     }
 }
