@@ -42,8 +42,8 @@
 //! - **Random loss.** Losses while the channels send well below their caps are not theirs:
 //!   the caps go (and under `--policy fast` the channels switch to BBR). Once, when the
 //!   channels had delivered close to their caps, such losses first lower the estimate to the
-//!   most the path delivered: caps above a tiny queue's link overflow it, and the cut windows
-//!   send below the caps too.
+//!   most the path delivered, at most to the caps: caps above a tiny queue's link overflow
+//!   it, and the cut windows send below the caps too.
 //! - **More channels.** While channels are held back by windows (a host's buffer limit) or
 //!   by random loss, and the goodput is short of the rate, the count grows by half; an
 //!   addition that does not bring at least half an average channel's goodput freezes it. It
@@ -712,16 +712,18 @@ impl OnlineTuner {
     /// Once, before losses below the caps are called random: when the channels had
     /// delivered close to their caps, the estimate may be what was wrong (a meter that read
     /// a few percent high puts the caps above the path, the tiny queue overflows, and the
-    /// cut windows leave goodput below the caps). When the caps were above the most the
-    /// path delivered, the estimate falls to that most, and losses must go on below the new
-    /// caps to be random. Measured at 1 Gbit/s × 60 ms × 64 packets: meters 6–13 % high,
-    /// and copies whose caps were then removed moved 72–79 % of the link where the others
-    /// moved 87–94 %.
+    /// cut windows leave goodput below the caps). The estimate falls to the most the path
+    /// delivered, at most to what the caps allowed, and losses must go on below the new caps
+    /// to be random. Measured at 1 Gbit/s × 60 ms × 64 packets: meters 6–13 % high, and
+    /// copies whose caps were then removed moved 72–79 % of the link where the others moved
+    /// 87–94 %.
     fn recheck(&mut self, t: f64) -> Option<String> {
         let (was, total) = (self.rate?, self.total()?);
-        // Caps the path once carried are not above it.
-        let rate = self.best_delivered;
-        if self.rechecked || rate < REACHED_CAPS * total || rate >= total {
+        // Not above the caps: the most of many half-second readings is itself high. A meter
+        // that read 1,002 Mbit/s on path (a)'s 956 put the caps at 972, a reading reached
+        // them, and the caps were removed (78 % of the link).
+        let rate = self.best_delivered.min(total);
+        if self.rechecked || rate < REACHED_CAPS * total {
             return None;
         }
         self.rechecked = true;
@@ -1259,6 +1261,15 @@ mod tests {
         assert!((rate / link - 1.0).abs() < 0.02, "{rep:?}");
         assert_eq!(rep.measured_bps, rep.rate_bps, "{rep:?}");
         assert_eq!(rep.decisions.len(), 1, "{rep:?}");
+        // From caps that the path's readings reached (3 % high, 0.1 % under the link), the
+        // estimate falls to what the caps allowed.
+        let rep = below_cap_losses(1.03 * link, link, 0.75, 2.9, &[3.0, 3.5, 4.0]);
+        assert!(!rep.lossy, "{rep:?}");
+        let rate = rep.rate_bps.unwrap() as f64 / 8.0;
+        assert!(
+            (rate / (PACE_GAIN * 1.03 * link) - 1.0).abs() < 1e-3,
+            "{rep:?}"
+        );
         // Losses that go on below the lowered caps are random.
         let rep = below_cap_losses(known, link, 0.75, 2.9, &[3.0, 3.5, 4.0, 6.5, 7.0, 7.5]);
         assert!(rep.lossy, "{rep:?}");
