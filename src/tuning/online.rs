@@ -358,7 +358,13 @@ impl OnlineTuner {
     /// during a probe.
     fn total(&self) -> Option<f64> {
         let gain = self.probe.map_or(1.0, |p| p.gain);
-        self.rate.map(|r| PACE_GAIN * r * gain)
+        self.steady_total().map(|total| total * gain)
+    }
+
+    /// What all channels together may send outside a probe, bytes/s: what goodput and
+    /// losses are judged against (a probe offers more than the path may carry).
+    fn steady_total(&self) -> Option<f64> {
+        self.rate.map(|r| PACE_GAIN * r)
     }
 
     /// What the tuner learned and did so far.
@@ -578,9 +584,12 @@ impl OnlineTuner {
             .below_cap_losses
             .last()
             .is_none_or(|at| t - at >= round);
-        if let (Some(total), false, true, true) =
-            (self.total(), tick.new_losses.is_empty(), settled, apart)
-        {
+        if let (Some(total), false, true, true) = (
+            self.steady_total(),
+            tick.new_losses.is_empty(),
+            settled,
+            apart,
+        ) {
             let goodput = est.goodput(round).unwrap_or(0.0);
             if goodput < BELOW_CAPS * total {
                 self.below_cap_losses.push(t);
@@ -718,7 +727,7 @@ impl OnlineTuner {
     /// copies whose caps were then removed moved 72–79 % of the link where the others moved
     /// 87–94 %.
     fn recheck(&mut self, t: f64) -> Option<String> {
-        let (was, total) = (self.rate?, self.total()?);
+        let (was, total) = (self.rate?, self.steady_total()?);
         // Not above the caps: the most of many half-second readings is itself high. A meter
         // that read 1,002 Mbit/s on path (a)'s 956 put the caps at 972, a reading reached
         // them, and the caps were removed (78 % of the link).
@@ -1280,34 +1289,44 @@ mod tests {
     }
 
     /// Drives a tuner capped from a saved rate of `saved` bytes/s (probed after 10 s) with
-    /// four channels on a 40 ms path for `seconds`: `carried(t, offered)` is what the path
-    /// delivers of what the caps offer. Returns the rate estimate at the end, bytes/s.
-    fn probed_rate(saved: f64, carried: impl Fn(f64, f64) -> f64, seconds: u32) -> f64 {
+    /// four channels on a 40 ms path for `seconds`: `path(t, offered)` is what the path
+    /// delivers of what the caps offer, and whether it drops a segment. Returns the tuner's
+    /// report at the end.
+    fn probed(saved: f64, path: impl Fn(f64, f64) -> (f64, bool), seconds: u32) -> TunerReport {
         let mut cfg = config(4, 4, Some(saved));
         cfg.probe_known_rate = true;
         let mut tuner = OnlineTuner::new(cfg);
         let mut est = PathEstimator::new();
         let mut caps: Vec<f64> = (0..4).map(|i| tuner.initial(i).1.unwrap() as f64).collect();
-        let mut delivered = [1.0f64; 4];
+        let (mut delivered, mut retrans) = ([1.0f64; 4], 0);
         for k in 0..seconds * 100 {
             let t = k as f64 * 0.01;
             // The path shares what it carries in proportion to what each channel offers.
             let offered: f64 = caps.iter().sum();
-            let carried = carried(t, offered);
+            let (carried, drop) = path(t, offered);
+            retrans += drop as u32;
             let readings: Vec<Option<TcpSample>> = (0..4)
                 .map(|i| {
                     delivered[i] += carried * caps[i] / offered * 0.01 / 1448.0;
-                    Some(at_40ms(delivered[i] as u32, 5000))
+                    let retrans = if i == 0 { retrans } else { 0 };
+                    Some(TcpSample {
+                        total_retrans: retrans,
+                        ..at_40ms(delivered[i] as u32, 5000)
+                    })
                 })
                 .collect();
             let tick = est.observe(t, &readings);
             for a in tuner.on_tick(&est, &tick) {
                 if let Action::Pace { channel, rate } = a {
-                    caps[channel] = rate.unwrap() as f64;
+                    caps[channel] = rate.expect("caps kept") as f64;
                 }
             }
         }
-        tuner.report().rate_bps.unwrap() as f64 / 8.0
+        tuner.report().clone()
+    }
+
+    fn rate_of(report: &TunerReport) -> f64 {
+        report.rate_bps.unwrap() as f64 / 8.0
     }
 
     #[test]
@@ -1315,20 +1334,34 @@ mod tests {
         // A saved rate 5 % under a 100 MB/s link. The first probe (5 % over the caps) takes
         // all it offers; the second (10 %) takes only up to the link.
         let link = 100e6;
-        let rate = probed_rate(0.95 * link, |_, offered| offered.min(link), 15);
+        let rate = rate_of(&probed(
+            0.95 * link,
+            |_, offered| (offered.min(link), false),
+            15,
+        ));
         assert!((rate / link - 1.0).abs() < 0.01, "{rate}");
     }
 
     #[test]
     fn after_a_probe_that_overshot_the_path_smaller_ones_close_in_on_it() {
         // A saved rate 15 % under a 100 MB/s link with a tiny queue: offered more than the
-        // link, the path's losses leave it carrying 90 %. Probes of 5 and 10 % pay, the
-        // third (20 %) overshoots and takes less than the estimate; probes of 5 % follow
-        // until one overshoots too.
+        // link, it drops segments, and its losses leave it carrying 90 %. Probes of 5 and 10 %
+        // pay, the third (20 %) overshoots and takes less than the estimate; probes of 5 %
+        // follow until one overshoots too. The probes' losses are not random loss.
         let link = 100e6;
-        let carried = |_, offered: f64| if offered > link { 0.9 * link } else { offered };
-        let rate = probed_rate(0.85 * link, carried, 20);
-        assert!(rate > 0.97 * link && rate < 1.001 * link, "{rate}");
+        let path = |_, offered: f64| {
+            if offered > link {
+                (0.9 * link, true)
+            } else {
+                (offered, false)
+            }
+        };
+        let report = probed(0.85 * link, path, 20);
+        let rate = rate_of(&report);
+        assert!(rate > 0.97 * link && rate < 1.001 * link, "{report:?}");
+        assert!(!report.lossy, "{report:?}");
+        let recheck = |d: &Decision| d.what.starts_with("losses below the caps");
+        assert!(!report.decisions.iter().any(recheck), "{report:?}");
     }
 
     #[test]
@@ -1337,11 +1370,11 @@ mod tests {
         // a busy host delivers 1.5 % less than the caps offer, so that probe takes more than
         // the estimate but too little to pay. The next, on a quiet host, pays.
         let link = 100e6;
-        let carried = |t: f64, offered: f64| {
+        let path = |t: f64, offered: f64| {
             let busy = if (9.5..10.7).contains(&t) { 0.985 } else { 1.0 };
-            busy * offered.min(link)
+            (busy * offered.min(link), false)
         };
-        let rate = probed_rate(0.9 * link, carried, 20);
+        let rate = rate_of(&probed(0.9 * link, path, 20));
         assert!(rate > 0.97 * link && rate < 1.001 * link, "{rate}");
     }
 }
