@@ -43,7 +43,8 @@
 //!   the caps go (and under `--policy fast` the channels switch to BBR). Once, when the
 //!   channels had delivered close to their caps, such losses first lower the estimate to the
 //!   most the path delivered, at most to the caps: caps above a tiny queue's link overflow
-//!   it, and the cut windows send below the caps too.
+//!   it, and the cut windows send below the caps too. Losses at caps below what a probe
+//!   took in the last 10 s count as random loss as well: the path carried more without them.
 //! - **More channels.** While channels are held back by windows (a host's buffer limit) or
 //!   by random loss, and the goodput is short of the rate, the count grows by half; an
 //!   addition that does not bring at least half an average channel's goodput freezes it. It
@@ -122,6 +123,9 @@ const CUT: f64 = 0.98;
 /// Two losses at the caps within this many rounds lower the estimate (at most four times in
 /// that span).
 const CUT_SPAN_ROUNDS: f64 = 20.0;
+/// Seconds after a probe paid during which losses at caps below what it took are random
+/// loss: the path carried more than the caps without them.
+const PAID_PROOF_S: f64 = 10.0;
 /// A channel held back by its window is capped this much above what the window allows.
 const WINDOW_HEADROOM: f64 = 1.1;
 /// Caps are re-shared only when one moves by more than this fraction.
@@ -259,6 +263,8 @@ pub struct OnlineTuner {
     /// after the estimate was lowered.
     next_probe: Option<f64>,
     last_cut: f64,
+    /// When a probe last paid, and what it took, bytes/s.
+    paid: Option<(f64, f64)>,
     /// Losses at the caps within the last [`CUT_SPAN_ROUNDS`].
     losses_at_caps: Vec<f64>,
     /// The rate last written into the decisions.
@@ -304,6 +310,7 @@ impl OnlineTuner {
             probe_interval: PROBE_INTERVAL_S,
             next_probe: None,
             last_cut: f64::NEG_INFINITY,
+            paid: None,
             losses_at_caps: Vec::new(),
             reported_rate: cfg.known_rate.unwrap_or(0.0),
             channels: cfg.channels,
@@ -810,6 +817,7 @@ impl OnlineTuner {
                 self.next_probe = Some(t + 4.0 * round);
                 if during >= p.before * (1.0 + 0.75 * (p.gain - 1.0)) {
                     // It paid: a higher probe follows soon.
+                    self.paid = Some((t, during));
                     self.probe_gain = (self.probe_gain * 2.0 - 1.0).min(self.probe_gain_max);
                     self.probe_retried = false;
                 } else if p.gain > PROBE_GAIN {
@@ -834,6 +842,23 @@ impl OnlineTuner {
                     self.probe_interval = (self.probe_interval * 2.0).min(PROBE_INTERVAL_MAX_S);
                 }
                 self.last_share = f64::NEG_INFINITY;
+            }
+        } else if lost
+            && delivered >= AT_CAPS * total
+            && self
+                .paid
+                .is_some_and(|(at, took)| t - at < PAID_PROOF_S && total < took)
+        {
+            // Below what a probe just took, losses at the caps are not theirs: they count
+            // as random loss. Cut instead, on 1 Gbit/s × 60 ms × 1 BDP with 0.1 % loss,
+            // caps from a meter that met an early loss (14.5 Mbit/s) went up with probes
+            // that paid and down with random losses for 4 minutes (1.8-1.9 % of the link).
+            if self
+                .below_cap_losses
+                .last()
+                .is_none_or(|at| t - at >= round)
+            {
+                self.below_cap_losses.push(t);
             }
         } else if lost && delivered >= AT_CAPS * total {
             // One loss may be a stall of a busy host; repeated losses at the caps are not.
@@ -1318,11 +1343,26 @@ mod tests {
             let tick = est.observe(t, &readings);
             for a in tuner.on_tick(&est, &tick) {
                 if let Action::Pace { channel, rate } = a {
-                    caps[channel] = rate.expect("caps kept") as f64;
+                    // Without a cap a channel sends what its window allows: unlimited here.
+                    caps[channel] = rate.map_or(1e12, |r| r as f64);
                 }
             }
         }
         tuner.report().clone()
+    }
+
+    #[test]
+    fn random_losses_at_caps_below_what_a_probe_took_are_random_loss() {
+        // A saved rate 10x under a 100 MB/s link that drops a segment every 0.3 s at any
+        // rate: the channels deliver their caps, so the losses come at the caps. Probes pay
+        // from 10 s on; losses at caps below what they took are random loss.
+        let link = 100e6;
+        let path = |t: f64, offered: f64| {
+            let drop = (t * 100.0).round() as u64 % 30 == 0;
+            (offered.min(link), drop)
+        };
+        let report = probed(0.1 * link, path, 40);
+        assert!(report.lossy, "{report:?}");
     }
 
     fn rate_of(report: &TunerReport) -> f64 {
