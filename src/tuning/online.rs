@@ -584,22 +584,15 @@ impl OnlineTuner {
         let since_start = t - self.started.unwrap_or(t);
         let round = Self::round(est);
         let mut actions = Vec::new();
-        // Losses while the channels send well below their caps, once they have settled and
-        // a round apart, are not caused by them.
+        // Losses while the channels send well below their caps, once they have settled, are
+        // not caused by them.
         let settled = t - self.last_change >= SETTLE_S.max(20.0 * round);
-        let apart = self
-            .below_cap_losses
-            .last()
-            .is_none_or(|at| t - at >= round);
-        if let (Some(total), false, true, true) = (
-            self.steady_total(),
-            tick.new_losses.is_empty(),
-            settled,
-            apart,
-        ) {
+        if let (Some(total), false, true) =
+            (self.steady_total(), tick.new_losses.is_empty(), settled)
+        {
             let goodput = est.goodput(round).unwrap_or(0.0);
             if goodput < BELOW_CAPS * total {
-                self.below_cap_losses.push(t);
+                self.count_random_loss(t, round);
             }
         }
         if let Some(g) = est.goodput(BEST_SPAN_S.max(4.0 * round)) {
@@ -758,6 +751,17 @@ impl OnlineTuner {
         ))
     }
 
+    /// Counts a loss at `t` that the caps did not cause, at most one a round.
+    fn count_random_loss(&mut self, t: f64, round: f64) {
+        if self
+            .below_cap_losses
+            .last()
+            .is_none_or(|at| t - at >= round)
+        {
+            self.below_cap_losses.push(t);
+        }
+    }
+
     /// Lowers the estimate to `rate` at `t`: the caps are re-shared at the next tick, and a
     /// probe comes [`PROBE_AFTER_CUT_S`] later (competing traffic may leave).
     fn lower_estimate(&mut self, rate: f64, t: f64) {
@@ -843,24 +847,18 @@ impl OnlineTuner {
                 }
                 self.last_share = f64::NEG_INFINITY;
             }
-        } else if lost
-            && delivered >= AT_CAPS * total
-            && self
-                .paid
-                .is_some_and(|(at, took)| t - at < PAID_PROOF_S && total < took)
-        {
-            // Below what a probe just took, losses at the caps are not theirs: they count
-            // as random loss. Cut instead, on 1 Gbit/s × 60 ms × 1 BDP with 0.1 % loss,
-            // caps from a meter that met an early loss (14.5 Mbit/s) went up with probes
-            // that paid and down with random losses for 4 minutes (1.8-1.9 % of the link).
-            if self
-                .below_cap_losses
-                .last()
-                .is_none_or(|at| t - at >= round)
-            {
-                self.below_cap_losses.push(t);
-            }
         } else if lost && delivered >= AT_CAPS * total {
+            let proven = self
+                .paid
+                .is_some_and(|(at, took)| t - at < PAID_PROOF_S && total < took);
+            if proven {
+                // Below what a probe just took, losses at the caps are not theirs: they count
+                // as random loss. Cut instead, on 1 Gbit/s × 60 ms × 1 BDP with 0.1 % loss,
+                // caps from a meter that met an early loss (14.5 Mbit/s) went up with probes
+                // that paid and down with random losses for 4 minutes (1.8-1.9 % of the link).
+                self.count_random_loss(t, round);
+                return;
+            }
             // One loss may be a stall of a busy host; repeated losses at the caps are not.
             self.losses_at_caps
                 .retain(|at| t - at <= CUT_SPAN_ROUNDS * round);
@@ -1255,8 +1253,8 @@ mod tests {
     }
 
     /// Drives a tuner with four channels on a 40 ms path whose link carries `link` bytes/s,
-    /// capped from `known` bytes/s: each channel delivers a quarter of the link, a quarter of
-    /// `dip` × link from `dip_from` on, and retransmits at each of `losses` (seconds).
+    /// capped from `known` bytes/s, for 10 s: the channels deliver the link, `dip` × link
+    /// from `dip_from` on, and retransmit at each of `losses` (seconds).
     fn below_cap_losses(
         known: f64,
         link: f64,
@@ -1264,24 +1262,12 @@ mod tests {
         dip_from: f64,
         losses: &[f64],
     ) -> TunerReport {
-        let mut tuner = OnlineTuner::new(config(4, 4, Some(known)));
-        let mut est = PathEstimator::new();
-        let (mut delivered, mut retrans) = (1.0f64, 0u32);
-        for k in 0..1000u32 {
-            let t = k as f64 * 0.01;
+        let path = |t: f64, _| {
             let share = if t >= dip_from { dip } else { 1.0 };
-            delivered += share * link / 4.0 * 0.01 / 1448.0;
-            if losses.iter().any(|at| (t - at).abs() < 0.005) {
-                retrans += 1;
-            }
-            let reading = TcpSample {
-                total_retrans: retrans,
-                ..at_40ms(delivered as u32, 2000)
-            };
-            let tick = est.observe(t, &[Some(reading); 4]);
-            tuner.on_tick(&est, &tick);
-        }
-        tuner.report().clone()
+            let lost = losses.iter().any(|at| (t - at).abs() < 0.005);
+            (share * link, lost)
+        };
+        drive(config(4, 4, Some(known)), path, 10)
     }
 
     #[test]
@@ -1313,13 +1299,22 @@ mod tests {
         assert_eq!(rep.decisions.len(), 1, "{rep:?}");
     }
 
-    /// Drives a tuner capped from a saved rate of `saved` bytes/s (probed after 10 s) with
-    /// four channels on a 40 ms path for `seconds`: `path(t, offered)` is what the path
-    /// delivers of what the caps offer, and whether it drops a segment. Returns the tuner's
-    /// report at the end.
+    /// Drives a tuner capped from a saved rate of `saved` bytes/s (probed after 10 s): see
+    /// [`drive`].
     fn probed(saved: f64, path: impl Fn(f64, f64) -> (f64, bool), seconds: u32) -> TunerReport {
         let mut cfg = config(4, 4, Some(saved));
         cfg.probe_known_rate = true;
+        drive(cfg, path, seconds)
+    }
+
+    /// Drives a tuner of `cfg` (four channels, a known rate) on a 40 ms path for `seconds`:
+    /// `path(t, offered)` is what the path delivers of what the caps offer, and whether it
+    /// drops a segment. Returns the tuner's report at the end.
+    fn drive(
+        cfg: TunerConfig,
+        path: impl Fn(f64, f64) -> (f64, bool),
+        seconds: u32,
+    ) -> TunerReport {
         let mut tuner = OnlineTuner::new(cfg);
         let mut est = PathEstimator::new();
         let mut caps: Vec<f64> = (0..4).map(|i| tuner.initial(i).1.unwrap() as f64).collect();
