@@ -56,7 +56,9 @@
 //!
 //! When the meter ends without proof that the path was full (a host's window held the
 //! channel back, the rate stopped growing below the cap, or it ran out of time), the rate
-//! stays unknown: the channels run with TCP's pacing but no cap, and may be added.
+//! stays unknown: the channels run with TCP's pacing but no cap, and may be added. Except
+//! where one channel's host stopped growing on a path of [`LONG_PATH_RTT_S`] or more: the
+//! path carried that rate without a loss, so the caps start there and probes raise them.
 //!
 //! Pure: decisions come from [`PathEstimator`] readings and the time in them.
 
@@ -98,6 +100,14 @@ const QUEUE_RTT_GROWTH: f64 = 1.15;
 const TICK_S: f64 = 0.01;
 /// Rounds (RTTs, at least [`MIN_ROUND_S`] each) without 25 % growth that end a meter.
 const PLATEAU_ROUNDS: usize = 3;
+/// Shortest RTT, seconds, at which a meter that stopped growing without filling the path
+/// leaves caps at its rate: there, a loss of uncapped channels on a tiny queue costs seconds
+/// of window growth (one channel's host limit stopped the meter at 778–881 Mbit/s on 1
+/// Gbit/s × 60 ms × 64 packets, and the uncapped copies moved 76–87 % of the link, against
+/// 86–92 % for those capped from a full meter). On a shorter path windows regrow in
+/// milliseconds, and caps at one channel's rate would hold the others back until probes
+/// raised them.
+const LONG_PATH_RTT_S: f64 = 0.01;
 /// Shortest round for timing decisions on very short paths (the sampling tick is 10 ms).
 const MIN_ROUND_S: f64 = 0.02;
 /// A probe raises the caps' total by this factor at first, more after each probe that
@@ -523,6 +533,20 @@ impl OnlineTuner {
                 "a host's window held the meter at {:.1} Mbit/s: the path's rate is unknown, no pacing cap",
                 reached * 8e-6
             ),
+            (MeterEnd::Plateau, _) if est.rtt_or_default() >= LONG_PATH_RTT_S && reached > 0.0 => {
+                // The path carried this without a loss: a floor for the estimate, which
+                // probes raise once all channels run.
+                self.rate = Some(reached);
+                self.reported_rate = reached;
+                self.report.rate_bps = Some((reached * 8.0) as u64);
+                self.next_probe = Some(t + FIRST_PROBE_ROUNDS * round);
+                format!(
+                    "the meter's rate stopped growing at {:.1} Mbit/s without filling the path (a limit of one channel's host): pacing {} channels at {:.1} Mbit/s each, probing above",
+                    reached * 8e-6,
+                    self.channels,
+                    self.cap().unwrap_or(0) as f64 * 8e-6
+                )
+            }
             (MeterEnd::Plateau, _) => format!(
                 "the meter's rate stopped growing at {:.1} Mbit/s without filling the path: no pacing cap",
                 reached * 8e-6
@@ -1094,6 +1118,7 @@ mod tests {
             buffer,
             loss,
             window_cap: f64::INFINITY,
+            host_cap: f64::INFINITY,
         }
     }
 
@@ -1181,6 +1206,7 @@ mod tests {
             buffer: 1.0 * GBIT * 0.12,
             loss: 0.0,
             window_cap: 2.0 * 1048576.0,
+            host_cap: f64::INFINITY,
         };
         let r = run(path, config(4, 32, None), 60);
         let rep = r.tuner.report();
@@ -1199,6 +1225,36 @@ mod tests {
             end / GBIT,
             r.channels
         );
+    }
+
+    #[test]
+    fn a_meter_one_channels_host_stopped_leaves_caps_that_probes_raise_to_the_path() {
+        // One channel's host sends at most 85 % of the link; the tiny queue punishes
+        // channels that run without caps.
+        let path = Path {
+            host_cap: 0.85 * GBIT,
+            ..path_60ms(64.0 * 1514.0, 0.0)
+        };
+        let r = run(path, config(4, 4, None), 30);
+        let rep = r.tuner.report();
+        assert_eq!(rep.meter, Some(MeterEnd::Plateau), "{rep:?}");
+        // Uncapped, the four channels' losses on the tiny queue held them at 0.77 of it.
+        let mean = r.mean(5, 30);
+        assert!(
+            mean > 0.85 * GBIT,
+            "{:.3} of the rate: {:?} {rep:?}",
+            mean / GBIT,
+            r.per_second
+                .iter()
+                .map(|g| (g / GBIT * 100.0) as u32)
+                .collect::<Vec<_>>()
+        );
+        // On a short path the meter's rate is no floor worth holding the others at.
+        let short = Path { rtt: 0.005, ..path };
+        let r = run(short, config(4, 4, None), 10);
+        let rep = r.tuner.report();
+        assert_eq!(rep.meter, Some(MeterEnd::Plateau), "{rep:?}");
+        assert_eq!(rep.rate_bps, None, "{rep:?}");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! A fluid model of TCP channels through one bottleneck, to test the online tuner end to end
 //! without sockets or clocks: Reno-like windows (slow start, halving on loss, one segment per
-//! RTT), a drop-tail queue in bytes, random loss, a receive-window cap per channel, and
-//! the tuner's pacing caps. It produces the `TCP_INFO` readings the estimator takes and carries
+//! RTT), a drop-tail queue in bytes, random loss, a receive-window cap and a host's rate
+//! limit per channel, and the tuner's pacing caps. It produces the `TCP_INFO` readings the estimator takes and carries
 //! out the tuner's actions. Coarse (10 ms steps, no ACK clock), but it has the three things
 //! the tuner must get right: a queue that overflows, windows that take RTTs to grow back,
 //! and limits that more channels can or cannot beat.
@@ -23,6 +23,8 @@ pub(crate) struct Path {
     pub loss: f64,
     /// Most bytes in flight per channel (the receiver's window).
     pub window_cap: f64,
+    /// Most one channel's host sends, bytes/s (a core's worth of encryption and hashing).
+    pub host_cap: f64,
 }
 
 const MSS: f64 = 1448.0;
@@ -126,7 +128,7 @@ impl Sim {
                     return 0.0;
                 }
                 let window = (f.cwnd * MSS).min(p.window_cap) / rtt;
-                f.cap.map_or(window, |c| window.min(c))
+                f.cap.map_or(window, |c| window.min(c)).min(p.host_cap)
             })
             .collect();
         let total: f64 = offered.iter().sum();
@@ -161,8 +163,9 @@ impl Sim {
             } else if t >= f.recovery_until {
                 // Grow only when the window, not a cap, limits what is sent.
                 let window_rate = f.cwnd * MSS / rtt;
-                let limited_by_window =
-                    f.cap.is_none_or(|c| window_rate < c) && f.cwnd * MSS < p.window_cap;
+                let limited_by_window = f.cap.is_none_or(|c| window_rate < c)
+                    && window_rate < p.host_cap
+                    && f.cwnd * MSS < p.window_cap;
                 if limited_by_window {
                     if f.cwnd < f.ssthresh {
                         f.cwnd += delivered;
