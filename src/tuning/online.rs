@@ -83,8 +83,13 @@ const CREEP_ROUNDS: f64 = 8.0;
 /// leaves slow start only at a loss (cubic's HyStart often leaves at half the path's window).
 pub const METER_CC: &str = "reno";
 
-/// Longest a meter runs, seconds (a long path needs about 11 RTTs to fill 1 Gbit/s).
+/// Longest a meter runs from its first delivered byte: seconds, or rounds when that is
+/// longer. A long path needs about 11 rounds to fill 1 Gbit/s and 15 to fill 10, and two
+/// more to measure. At 1 Gbit/s × 240 ms the meter's first byte was delivered 1.5 s after
+/// the tuner's start (six round trips of setup), and 4 s from that start timed it out at
+/// 422 Mbit/s: no caps, and cubic moved 78 % of the link.
 const METER_MAX_S: f64 = 4.0;
+const METER_MAX_ROUNDS: f64 = 20.0;
 /// The meter's cap is this many times what it delivered over the last round: BBR's startup
 /// gain 2/ln 2 (Cardwell et al. 2016), which doubles the rate each round although what a
 /// round delivers was sent a round earlier.
@@ -263,6 +268,8 @@ pub struct OnlineTuner {
     phase: Phase,
     started: Option<f64>,
     meter_loss_at: Option<f64>,
+    /// When the meter's channel first delivered data.
+    meter_data_at: Option<f64>,
     /// The meter's total pacing cap, bytes/s, and every one it had: `(since, bytes/s)`.
     meter_cap: Option<f64>,
     offered: Vec<(f64, f64)>,
@@ -330,6 +337,7 @@ impl OnlineTuner {
             phase,
             started: None,
             meter_loss_at: None,
+            meter_data_at: None,
             meter_cap: None,
             offered: Vec::new(),
             binding_since: None,
@@ -442,6 +450,9 @@ impl OnlineTuner {
             self.meter_loss_at = Some(t);
         }
         let delivered = est.goodput(round.max(2.0 * TICK_S)).unwrap_or(0.0);
+        if delivered > 0.0 && self.meter_data_at.is_none() {
+            self.meter_data_at = Some(t);
+        }
         // What the last round delivered was sent a round before: the least the cap allowed
         // over that earlier round.
         let offered = self.offered_between(t - 2.0 * round, t - round);
@@ -496,7 +507,9 @@ impl OnlineTuner {
                 // application).
                 (MeterEnd::Plateau, None)
             }
-        } else if t - started > METER_MAX_S {
+        } else if t - self.meter_data_at.unwrap_or(started)
+            > METER_MAX_S.max(METER_MAX_ROUNDS * round)
+        {
             (MeterEnd::Timeout, None)
         } else {
             return self.ramp_meter(t, delivered);
@@ -552,7 +565,8 @@ impl OnlineTuner {
                 reached * 8e-6
             ),
             (MeterEnd::Timeout, _) => format!(
-                "the meter did not fill the path in {METER_MAX_S} s ({:.1} Mbit/s): no pacing cap",
+                "the meter did not fill the path in {:.1} s ({:.1} Mbit/s): no pacing cap",
+                METER_MAX_S.max(METER_MAX_ROUNDS * round),
                 reached * 8e-6
             ),
         };
@@ -1143,6 +1157,12 @@ mod tests {
     }
 
     fn run(path: Path, cfg: TunerConfig, seconds: usize) -> Run {
+        run_after_setup(path, cfg, seconds, 0.0)
+    }
+
+    /// [`run`], with `setup` seconds of ticks before the channels' first byte (connections,
+    /// handshakes).
+    fn run_after_setup(path: Path, cfg: TunerConfig, seconds: usize, setup: f64) -> Run {
         let held = cfg.meter && cfg.known_rate.is_none();
         let mut tuner = OnlineTuner::new(cfg.clone());
         let mut sim = Sim::new(path, cfg.channels as usize, held);
@@ -1156,10 +1176,14 @@ mod tests {
         let mut est = PathEstimator::new();
         let (mut per_second, mut channels) = (Vec::new(), Vec::new());
         let mut acc = 0.0;
+        for tick in 0..(setup * 100.0) as usize {
+            let t = est.observe(tick as f64 * 0.01, &vec![None; cfg.channels as usize]);
+            tuner.on_tick(&est, &t);
+        }
         for tick in 1..=seconds * 100 {
             sim.step(0.01);
             acc += sim.goodput() * 0.01;
-            let t = est.observe(sim.t, &sim.readings());
+            let t = est.observe(setup + sim.t, &sim.readings());
             let actions = tuner.on_tick(&est, &t);
             sim.apply(&actions);
             if tick % 100 == 0 {
@@ -1255,6 +1279,22 @@ mod tests {
         let rep = r.tuner.report();
         assert_eq!(rep.meter, Some(MeterEnd::Plateau), "{rep:?}");
         assert_eq!(rep.rate_bps, None, "{rep:?}");
+    }
+
+    #[test]
+    fn the_meter_fills_a_10_gbits_path_of_240_ms() {
+        // Six round trips of setup before the first byte, 15 rounds to fill the path and two
+        // to measure it: more than 4 s from the tuner's start.
+        let path = Path {
+            rate: 10.0 * GBIT,
+            rtt: 0.24,
+            ..path_60ms(64.0 * 1514.0, 0.0)
+        };
+        let r = run_after_setup(path, config(4, 4, None), 10, 1.5);
+        let rep = r.tuner.report();
+        assert_eq!(rep.meter, Some(MeterEnd::Full), "{rep:?}");
+        let measured = rep.measured_bps.unwrap() as f64 / 8.0;
+        assert!((measured / (10.0 * GBIT) - 1.0).abs() < 0.05, "{rep:?}");
     }
 
     #[test]
