@@ -115,6 +115,8 @@ const PLATEAU_ROUNDS: usize = 3;
 const LONG_PATH_RTT_S: f64 = 0.01;
 /// Shortest round for timing decisions on very short paths (the sampling tick is 10 ms).
 const MIN_ROUND_S: f64 = 0.02;
+/// A channel delivering this share of its cap or more sends at it (a probe may start).
+const CHANNEL_AT_CAP: f64 = 0.8;
 /// A probe raises the caps' total by this factor at first, more after each probe that
 /// paid, up to [`PROBE_GAIN_MAX`]. After a larger probe that did not pay, probes stay at this
 /// gain until one of them does not pay either.
@@ -958,6 +960,7 @@ impl OnlineTuner {
             && self.next_probe.is_some_and(|n| t >= n)
             && delivered2 >= 0.95 * total
             && est.last_loss_at().is_none_or(|at| t - at >= 4.0 * round)
+            && self.channels_at_caps(est, round)
         {
             // Judged against what the caps allowed, not a reading that the ACK stream's noise
             // may have put above them: a probe must take more than the caps, not more than a
@@ -1010,6 +1013,21 @@ impl OnlineTuner {
     fn reshare_soon(&mut self) {
         self.last_share = f64::NEG_INFINITY;
         self.total_changed = true;
+    }
+
+    /// Whether every channel still sending delivers close to its cap (the kernel's latest
+    /// delivery-rate sample). A probe that starts while channels are still ramping up measures
+    /// their windows, not the path: at 1 Gbit/s × 240 ms slow start takes seconds, the first
+    /// probe came while four of five channels delivered a quarter of their caps, took no more
+    /// than the estimate, and the next came 30 s later (DMCTCP ×5 at half the link).
+    fn channels_at_caps(&self, est: &PathEstimator, round: f64) -> bool {
+        self.caps.iter().enumerate().all(|(i, cap)| {
+            !cap.is_finite()
+                || est.idle(i, 2.0 * round)
+                || est
+                    .latest(i)
+                    .is_some_and(|s| s.delivery_rate as f64 >= CHANNEL_AT_CAP * cap)
+        })
     }
 
     /// Sets the caps' share of the estimate at `t`; they are re-shared at the next tick.
@@ -1504,6 +1522,7 @@ mod tests {
                     let retrans = if i == 0 { retrans } else { 0 };
                     Some(TcpSample {
                         total_retrans: retrans,
+                        delivery_rate: (carried * caps[i] / offered) as u64,
                         ..at_40ms(delivered[i] as u32, 5000)
                     })
                 })
@@ -1615,5 +1634,49 @@ mod tests {
         // One loss sent the caps back; none cut the estimate.
         assert_eq!(rep.decisions.len(), 1, "{rep:?}");
         assert_eq!(rep.rate_bps, Some((1.015 * link * 8.0) as u64), "{rep:?}");
+    }
+
+    #[test]
+    fn no_probe_starts_while_a_channel_still_ramps_up_to_its_cap() {
+        // A saved rate on a path with room above it. Channel 1's window grows slowly (a slow
+        // start on a long path, drawn out); the re-share gives its share to
+        // the others, who deliver their caps, so the total reaches the caps before channel 1
+        // does.
+        let saved = 50e6;
+        let mut cfg = config(4, 4, Some(saved));
+        cfg.probe_known_rate = true;
+        let mut tuner = OnlineTuner::new(cfg);
+        let mut est = PathEstimator::new();
+        let mut caps: Vec<f64> = (0..4).map(|i| tuner.initial(i).1.unwrap() as f64).collect();
+        let mut delivered = [1.0f64; 4];
+        let mut probed_at = None;
+        for k in 0..2000 {
+            let t = k as f64 * 0.01;
+            let readings: Vec<Option<TcpSample>> = (0..4)
+                .map(|i| {
+                    let cwnd = if i == 1 { 20.0 + 20.0 * t } else { 5000.0 };
+                    let rate = caps[i].min(cwnd * 1448.0 / 0.04);
+                    delivered[i] += rate * 0.01 / 1448.0;
+                    Some(TcpSample {
+                        delivery_rate: rate as u64,
+                        ssthresh: 100_000,
+                        ..at_40ms(delivered[i] as u32, cwnd as u32)
+                    })
+                })
+                .collect();
+            let tick = est.observe(t, &readings);
+            for a in tuner.on_tick(&est, &tick) {
+                if let Action::Pace { channel, rate } = a {
+                    caps[channel] = rate.map_or(1e12, |r| r as f64);
+                }
+            }
+            if tuner.probe.is_some() && probed_at.is_none() {
+                probed_at = Some(t);
+            }
+        }
+        // Its window allows 80 % of its cap from about 12.4 s on (a probe was due at 10 s;
+        // without the check one started at 12.1 s, once the total reached 95 % of the caps).
+        let at = probed_at.unwrap();
+        assert!((12.3..13.0).contains(&at), "{at} {:?}", tuner.report());
     }
 }
