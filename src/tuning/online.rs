@@ -1172,6 +1172,23 @@ mod tests {
         fn channel_changes(&self) -> usize {
             self.channels.windows(2).filter(|w| w[0] != w[1]).count()
         }
+
+        /// Asserts that the mean goodput from second `from` to `to` is above `share` of
+        /// 1 Gbit/s, showing every second's in % when it is not.
+        fn assert_mean_above(&self, from: usize, to: usize, share: f64) {
+            let mean = self.mean(from, to);
+            let percent: Vec<f64> = self
+                .per_second
+                .iter()
+                .map(|g| (g / GBIT * 100.0).round())
+                .collect();
+            let rep = self.tuner.report();
+            assert!(
+                mean > share * GBIT,
+                "{:.3} of the rate: {percent:?} {rep:?}",
+                mean / GBIT
+            );
+        }
     }
 
     fn run(path: Path, cfg: TunerConfig, seconds: usize) -> Run {
@@ -1225,16 +1242,7 @@ mod tests {
         assert_eq!(rep.meter, Some(MeterEnd::Full), "{rep:?}");
         let measured = rep.measured_bps.unwrap() as f64 / 8.0;
         assert!((measured / GBIT - 1.0).abs() < 0.05, "measured {measured}");
-        let mean = r.mean(5, 60);
-        assert!(
-            mean > 0.93 * GBIT,
-            "{:.3} of the rate: {:?} {rep:?}",
-            mean / GBIT,
-            r.per_second
-                .iter()
-                .map(|g| (g / GBIT * 100.0).round())
-                .collect::<Vec<_>>()
-        );
+        r.assert_mean_above(5, 60, 0.93);
         assert_eq!(r.channel_changes(), 0, "{:?}", r.channels);
         assert!(!rep.lossy);
     }
@@ -1281,16 +1289,7 @@ mod tests {
         let rep = r.tuner.report();
         assert_eq!(rep.meter, Some(MeterEnd::Plateau), "{rep:?}");
         // Uncapped, the four channels' losses on the tiny queue held them at 0.77 of it.
-        let mean = r.mean(5, 30);
-        assert!(
-            mean > 0.85 * GBIT,
-            "{:.3} of the rate: {:?} {rep:?}",
-            mean / GBIT,
-            r.per_second
-                .iter()
-                .map(|g| (g / GBIT * 100.0) as u32)
-                .collect::<Vec<_>>()
-        );
+        r.assert_mean_above(5, 30, 0.85);
         // On a short path the meter's rate is no floor worth holding the others at.
         let short = Path { rtt: 0.005, ..path };
         let r = run(short, config(4, 4, None), 10);
