@@ -448,6 +448,7 @@ impl OnlineTuner {
     fn meter(&mut self, est: &PathEstimator, tick: &Tick, started: f64) -> Vec<Action> {
         let t = tick.t;
         let round = Self::round(est);
+        let meter_max = METER_MAX_S.max(METER_MAX_ROUNDS * round);
         if tick.new_losses.contains(&0) && self.meter_loss_at.is_none() {
             self.meter_loss_at = Some(t);
         }
@@ -509,9 +510,7 @@ impl OnlineTuner {
                 // application).
                 (MeterEnd::Plateau, None)
             }
-        } else if t - self.meter_data_at.unwrap_or(started)
-            > METER_MAX_S.max(METER_MAX_ROUNDS * round)
-        {
+        } else if t - self.meter_data_at.unwrap_or(started) > meter_max {
             (MeterEnd::Timeout, None)
         } else {
             return self.ramp_meter(t, delivered);
@@ -567,8 +566,7 @@ impl OnlineTuner {
                 reached * 8e-6
             ),
             (MeterEnd::Timeout, _) => format!(
-                "the meter did not fill the path in {:.1} s ({:.1} Mbit/s): no pacing cap",
-                METER_MAX_S.max(METER_MAX_ROUNDS * round),
+                "the meter did not fill the path in {meter_max:.1} s ({:.1} Mbit/s): no pacing cap",
                 reached * 8e-6
             ),
         };
@@ -1505,36 +1503,58 @@ mod tests {
         path: impl Fn(f64, f64) -> (f64, bool),
         seconds: u32,
     ) -> OnlineTuner {
-        let mut tuner = OnlineTuner::new(cfg);
-        let mut est = PathEstimator::new();
-        let mut caps: Vec<f64> = (0..4).map(|i| tuner.initial(i).1.unwrap() as f64).collect();
+        let mut d = Driven::new(cfg);
         let (mut delivered, mut retrans) = ([1.0f64; 4], 0);
         for k in 0..seconds * 100 {
             let t = k as f64 * 0.01;
             // The path shares what it carries in proportion to what each channel offers.
-            let offered: f64 = caps.iter().sum();
+            let offered: f64 = d.caps.iter().sum();
             let (carried, drop) = path(t, offered);
             retrans += drop as u32;
             let readings: Vec<Option<TcpSample>> = (0..4)
                 .map(|i| {
-                    delivered[i] += carried * caps[i] / offered * 0.01 / 1448.0;
+                    delivered[i] += carried * d.caps[i] / offered * 0.01 / 1448.0;
                     let retrans = if i == 0 { retrans } else { 0 };
                     Some(TcpSample {
                         total_retrans: retrans,
-                        delivery_rate: (carried * caps[i] / offered) as u64,
+                        delivery_rate: (carried * d.caps[i] / offered) as u64,
                         ..at_40ms(delivered[i] as u32, 5000)
                     })
                 })
                 .collect();
-            let tick = est.observe(t, &readings);
-            for a in tuner.on_tick(&est, &tick) {
+            d.tick(t, &readings);
+        }
+        d.tuner
+    }
+
+    /// A tuner of four channels fed readings by hand, and the caps it set (a channel without
+    /// one sends what its window allows: unlimited here).
+    struct Driven {
+        tuner: OnlineTuner,
+        est: PathEstimator,
+        caps: Vec<f64>,
+    }
+
+    impl Driven {
+        fn new(cfg: TunerConfig) -> Driven {
+            let tuner = OnlineTuner::new(cfg);
+            let caps = (0..4).map(|i| tuner.initial(i).1.unwrap() as f64).collect();
+            Driven {
+                tuner,
+                est: PathEstimator::new(),
+                caps,
+            }
+        }
+
+        /// Feeds the readings of time `t` and applies the caps the tuner sets.
+        fn tick(&mut self, t: f64, readings: &[Option<TcpSample>]) {
+            let tick = self.est.observe(t, readings);
+            for a in self.tuner.on_tick(&self.est, &tick) {
                 if let Action::Pace { channel, rate } = a {
-                    // Without a cap a channel sends what its window allows: unlimited here.
-                    caps[channel] = rate.map_or(1e12, |r| r as f64);
+                    self.caps[channel] = rate.map_or(1e12, |r| r as f64);
                 }
             }
         }
-        tuner
     }
 
     #[test]
@@ -1644,9 +1664,7 @@ mod tests {
         let saved = 50e6;
         let mut cfg = config(4, 4, Some(saved));
         cfg.probe_known_rate = true;
-        let mut tuner = OnlineTuner::new(cfg);
-        let mut est = PathEstimator::new();
-        let mut caps: Vec<f64> = (0..4).map(|i| tuner.initial(i).1.unwrap() as f64).collect();
+        let mut d = Driven::new(cfg);
         let mut delivered = [1.0f64; 4];
         let mut probed_at = None;
         for k in 0..2000 {
@@ -1654,7 +1672,7 @@ mod tests {
             let readings: Vec<Option<TcpSample>> = (0..4)
                 .map(|i| {
                     let cwnd = if i == 1 { 20.0 + 20.0 * t } else { 5000.0 };
-                    let rate = caps[i].min(cwnd * 1448.0 / 0.04);
+                    let rate = d.caps[i].min(cwnd * 1448.0 / 0.04);
                     delivered[i] += rate * 0.01 / 1448.0;
                     Some(TcpSample {
                         delivery_rate: rate as u64,
@@ -1663,19 +1681,14 @@ mod tests {
                     })
                 })
                 .collect();
-            let tick = est.observe(t, &readings);
-            for a in tuner.on_tick(&est, &tick) {
-                if let Action::Pace { channel, rate } = a {
-                    caps[channel] = rate.map_or(1e12, |r| r as f64);
-                }
-            }
-            if tuner.probe.is_some() && probed_at.is_none() {
+            d.tick(t, &readings);
+            if d.tuner.probe.is_some() && probed_at.is_none() {
                 probed_at = Some(t);
             }
         }
         // Its window allows 80 % of its cap from about 12.4 s on (a probe was due at 10 s;
         // without the check one started at 12.1 s, once the total reached 95 % of the caps).
         let at = probed_at.unwrap();
-        assert!((12.3..13.0).contains(&at), "{at} {:?}", tuner.report());
+        assert!((12.3..13.0).contains(&at), "{at} {:?}", d.tuner.report());
     }
 }
