@@ -16,7 +16,7 @@ use super::faults::FaultInjection;
 use super::fswork::FileWork;
 use super::growth::{ask_for_channels, recv_or_pending, Arrivals, Growth};
 use super::report::{LiveStats, SideOutcome};
-use super::source::{read_file_block, BlockReader, SendSource};
+use super::source::{read_file_block, BlockReader, SendSource, WriteRate};
 use super::wire::{write_block, ControlReader, ControlWriter, Damage};
 use crate::channels::control::Message;
 use crate::channels::frame::{BlockCheck, BlockHeader, DigestKey};
@@ -73,6 +73,7 @@ pub struct SendEngine<R, W> {
 pub struct Announced {
     planner: SendPlanner,
     files: u64,
+    rate: WriteRate,
 }
 
 impl Announced {
@@ -81,6 +82,7 @@ impl Announced {
         Announced {
             planner: SendPlanner::new(block_size),
             files: 0,
+            rate: WriteRate::default(),
         }
     }
 
@@ -88,7 +90,7 @@ impl Announced {
     /// counted into the planner and `live`'s expected bytes; the messages to send, in order.
     pub fn take_ready(&mut self, source: &mut SendSource, live: &LiveStats) -> Vec<Message> {
         let written = live.total();
-        let rate = written as f64 / live.elapsed().max(1e-3);
+        let rate = self.rate.observe(live.elapsed(), written);
         let mut ready = Vec::new();
         while let Some((entries, last)) = source.next_chunk(
             self.planner.unfinished() as u64,
