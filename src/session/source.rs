@@ -325,6 +325,53 @@ mod tests {
     }
 
     #[test]
+    fn generated_data_stays_ahead_of_slow_start_on_a_long_path() {
+        // Five channels in slow start at 1 Gbit/s × 240 ms: they could write twice as much
+        // every round, up to the link's rate; a file announced now can be written a round
+        // trip later (after the receiver's plan for it).
+        let (rtt, link) = (0.24, 125e6);
+        let mut src = SendSource::generated(
+            64 << 10,
+            BenchLimit::Bytes(u64::MAX / 2),
+            5,
+            Duration::from_secs_f64(rtt),
+        );
+        let mut rate = WriteRate::default();
+        let (mut announced, mut written) = (VecDeque::<(f64, u64)>::new(), 0u64);
+        let mut expected = 0u64;
+        let mut starved = Vec::new();
+        for tick in 1..=800 {
+            let t = tick as f64 * 0.01;
+            let want = ((3e5 * 2f64.powf(t / rtt)).min(link) * 0.01) as u64;
+            let ready = announced
+                .iter()
+                .take_while(|(at, _)| *at <= t - rtt)
+                .last()
+                .map_or(0, |(_, upto)| *upto);
+            let can = ready.saturating_sub(written);
+            if can < want && t > 2.0 * rtt {
+                starved.push((t * 100.0).round() / 100.0);
+            }
+            written += want.min(can);
+            let r = rate.observe(t, written);
+            while let Some((entries, _)) = src.next_chunk(0, expected - written, r) {
+                for e in entries {
+                    if let EntryKind::File { size } = e.kind {
+                        expected += size;
+                    }
+                }
+                announced.push_back((t, expected));
+            }
+        }
+        assert!(
+            starved.is_empty(),
+            "the channels had nothing to write at {} ticks, from {:?} s",
+            starved.len(),
+            starved.first()
+        );
+    }
+
+    #[test]
     fn a_tree_is_announced_at_most_so_many_unfinished_files_ahead() {
         // 1,500 files with a directory every 100 entries.
         let entries: Vec<Entry> = (0..1500).map(|i| entry(i, i % 100 == 0)).collect();
