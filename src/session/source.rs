@@ -199,9 +199,12 @@ impl SendSource {
                 let block = pattern.len() as u64;
                 let blocks = (rate * GENERATED_FILE_SECONDS) as u64 / block;
                 let file = (blocks.max(*channels as u64) * block).min(GENERATED_FILE_MAX);
-                if unfinished >= MAX_UNFINISHED_FILES
-                    || unsent >= generated_window(*window_secs, rate, file)
-                {
+                let window = match *limit {
+                    BenchLimit::Until(t) => generated_window(*window_secs, rate, file)
+                        .min(writable_until(t, rate, file)),
+                    BenchLimit::Bytes(_) => generated_window(*window_secs, rate, file),
+                };
+                if unfinished >= MAX_UNFINISHED_FILES || unsent >= window {
                     return None;
                 }
                 let size = match *limit {
@@ -226,6 +229,17 @@ impl SendSource {
             }
         }
     }
+}
+
+/// What the channels can still write by a timed bench's `deadline` at `rate`, and one
+/// `file` more: a timed bench announces no more, so that it ends on time (the window of
+/// [`generated_window`] at the channels' recent rate is 0.64 s of data at 60 ms, which
+/// lengthened every trial of a probe by about that much).
+fn writable_until(deadline: Instant, rate: f64, file: u64) -> u64 {
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .as_secs_f64();
+    (rate * left) as u64 + file
 }
 
 /// The span, seconds, over which [`WriteRate`] takes the channels' recent rate.
@@ -322,6 +336,25 @@ mod tests {
         // Too short a span to tell yet: the mean.
         let mut fresh = WriteRate::default();
         assert_eq!(fresh.observe(0.05, 1_000_000), 20e6);
+    }
+
+    #[test]
+    fn a_timed_bench_announces_no_more_than_its_channels_can_write_by_its_end() {
+        // 1 Gbit/s at 60 ms, 0.5 s left: 62.5 MB and one file (12.5 MB) of room, where the
+        // window alone allows 80 MB.
+        let rate = 125e6;
+        let until = BenchLimit::Until(Instant::now() + Duration::from_millis(500));
+        let mut src = SendSource::generated(64 << 10, until, 4, Duration::from_millis(60));
+        assert!(src.next_chunk(0, 76_000_000, rate).is_none());
+        assert!(src.next_chunk(0, 40_000_000, rate).is_some());
+        // Without a deadline the window decides.
+        let mut src = SendSource::generated(
+            64 << 10,
+            BenchLimit::Bytes(1 << 40),
+            4,
+            Duration::from_millis(60),
+        );
+        assert!(src.next_chunk(0, 76_000_000, rate).is_some());
     }
 
     #[test]
