@@ -289,7 +289,8 @@ pub struct OnlineTuner {
     probe: Option<Probe>,
     probe_gain: f64,
     /// The most the next probes may raise the caps by: [`PROBE_GAIN`] after a larger probe
-    /// overshot the path, so that the estimate closes in on it in small steps.
+    /// overshot the path, so that the estimate closes in on it in small steps, and after a
+    /// meter that filled the path, whose reading is within a few percent of it.
     probe_gain_max: f64,
     /// Whether the probe now ending is already the second try of one that took more than
     /// the estimate but too little to pay.
@@ -531,6 +532,12 @@ impl OnlineTuner {
                 // One channel may not fill the path by itself (a core's worth of encryption,
                 // a stalled ACK stream): a probe checks the reading once all channels run.
                 self.next_probe = Some(t + FIRST_PROBE_ROUNDS * round);
+                // In steps of [`PROBE_GAIN`] only: on 1 Gbit/s × 60 ms × 64 packets a
+                // meter 3.5 % low was raised to the link by a first probe that paid, and the
+                // second, at twice its gain, offered 6 % over the link, and within 50 ms
+                // channels lost three quarters of their windows (cubic needs seconds to
+                // regrow them: the copies moved 80-88 % of the link).
+                self.probe_gain_max = PROBE_GAIN;
                 self.report.rate_bps = Some((reached * 8.0) as u64);
                 format!(
                     "the meter filled the path: bottleneck {:.1} Mbit/s; pacing {} channels at {:.1} Mbit/s each",
@@ -1159,6 +1166,8 @@ mod tests {
         per_second: Vec<f64>,
         /// Channel count per second.
         channels: Vec<usize>,
+        /// The largest gain of a probe.
+        probe_gain_max: f64,
     }
 
     impl Run {
@@ -1196,6 +1205,17 @@ mod tests {
     /// [`run`], with `setup` seconds of ticks before the channels' first byte (connections,
     /// handshakes).
     fn run_after_setup(path: Path, cfg: TunerConfig, seconds: usize, setup: f64) -> Run {
+        run_with(path, cfg, seconds, setup, |_| {})
+    }
+
+    /// [`run_after_setup`], with `hook` called on the tuner after every tick.
+    fn run_with(
+        path: Path,
+        cfg: TunerConfig,
+        seconds: usize,
+        setup: f64,
+        mut hook: impl FnMut(&mut OnlineTuner),
+    ) -> Run {
         let held = cfg.meter && cfg.known_rate.is_none();
         let mut tuner = OnlineTuner::new(cfg.clone());
         let mut sim = Sim::new(path, cfg.channels as usize, held);
@@ -1208,7 +1228,7 @@ mod tests {
         sim.apply(&caps);
         let mut est = PathEstimator::new();
         let (mut per_second, mut channels) = (Vec::new(), Vec::new());
-        let mut acc = 0.0;
+        let (mut acc, mut probe_gain_max) = (0.0, 0.0f64);
         for tick in 0..(setup * 100.0) as usize {
             let t = est.observe(tick as f64 * 0.01, &vec![None; cfg.channels as usize]);
             tuner.on_tick(&est, &t);
@@ -1219,6 +1239,10 @@ mod tests {
             let t = est.observe(setup + sim.t, &sim.readings());
             let actions = tuner.on_tick(&est, &t);
             sim.apply(&actions);
+            hook(&mut tuner);
+            if let Some(p) = tuner.probe {
+                probe_gain_max = probe_gain_max.max(p.gain);
+            }
             if tick % 100 == 0 {
                 per_second.push(acc);
                 channels.push(sim.channels());
@@ -1229,6 +1253,7 @@ mod tests {
             tuner,
             per_second,
             channels,
+            probe_gain_max,
         }
     }
 
@@ -1243,6 +1268,31 @@ mod tests {
         r.assert_mean_above(5, 60, 0.93);
         assert_eq!(r.channel_changes(), 0, "{:?}", r.channels);
         assert!(!rep.lossy);
+    }
+
+    #[test]
+    fn after_a_meter_a_few_percent_low_probes_raise_the_caps_in_small_steps() {
+        // The meter read 4 % low (a stalled ACK stream on a busy host). Probes that pay raise
+        // the estimate toward the link, each by at most 5 % over the caps: one twice that
+        // large offers 6 % over a 64-packet queue, and every channel loses.
+        let path = path_60ms(64.0 * 1514.0, 0.0);
+        let mut lowered = false;
+        let r = run_with(path, config(4, 4, None), 20, 0.0, |tuner| {
+            if !lowered && tuner.phase() == Phase::Cruise {
+                lowered = true;
+                tuner.rate = tuner.rate.map(|r| 0.96 * r);
+                tuner.reshare_soon();
+            }
+        });
+        let rep = r.tuner.report();
+        assert!(
+            r.probe_gain_max > 1.0 && r.probe_gain_max <= PROBE_GAIN,
+            "probes up to {:.3}: {rep:?}",
+            r.probe_gain_max
+        );
+        // The first probe paid (918 to 940 Mbit/s); the second overflowed the queue.
+        let rate = rate_of(rep);
+        assert!(rate > 0.98 * GBIT && rate < 1.001 * GBIT, "{rep:?}");
     }
 
     #[test]
