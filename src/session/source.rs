@@ -199,11 +199,10 @@ impl SendSource {
                 let block = pattern.len() as u64;
                 let blocks = (rate * GENERATED_FILE_SECONDS) as u64 / block;
                 let file = (blocks.max(*channels as u64) * block).min(GENERATED_FILE_MAX);
-                let window = match *limit {
-                    BenchLimit::Until(t) => generated_window(*window_secs, rate, file)
-                        .min(writable_until(t, rate, file)),
-                    BenchLimit::Bytes(_) => generated_window(*window_secs, rate, file),
-                };
+                let mut window = generated_window(*window_secs, rate, file);
+                if let BenchLimit::Until(t) = *limit {
+                    window = window.min(writable_until(t, rate, file));
+                }
                 if unfinished >= MAX_UNFINISHED_FILES || unsent >= window {
                     return None;
                 }
