@@ -648,6 +648,59 @@ async fn stopped_midway<T: std::fmt::Debug>(
     r
 }
 
+/// A stopped server lets go of the files it was receiving before `Stopper::stop` returns:
+/// block writes still running on its file threads when the session ended (here each takes
+/// 1 s) held the part file locked, and the same push run again at once was refused with
+/// "being received by another transfer" (a CI run of the test below).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_server_lets_go_of_its_part_files_before_it_returns() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    random_file(&src.path().join("f"), 64 << 20, 6);
+    let faults = FaultInjection {
+        slow_block_writes: Some(std::time::Duration::from_millis(1000)),
+        ..FaultInjection::default()
+    };
+    let s = hsxfer::Server::bind(config(root.path(), Auth::NoAuth, faults, false))
+        .await
+        .unwrap();
+    let (addr, stopper) = (s.local_addr(), s.stopper());
+    tokio::spawn(s.run());
+    let sources = [src.path().join("f")];
+    let stats = live(2);
+    let c = slow_client(addr);
+    let push = c.push(&sources, false, "f", &stats);
+    tokio::pin!(push);
+    let moving = async {
+        while stats.total() < 20 << 20 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    };
+    tokio::select! {
+        r = &mut push => panic!("the push ended before the stop: {r:?}"),
+        _ = moving => {}
+    }
+    let (r, ()) = tokio::join!(push, stopper.stop("a test"));
+    assert!(matches!(r, Err(hsxfer::Error::PeerAborted(_))), "{r:?}");
+
+    let s = hsxfer::Server::bind(config(
+        root.path(),
+        Auth::NoAuth,
+        FaultInjection::default(),
+        false,
+    ))
+    .await
+    .unwrap();
+    let addr = s.local_addr();
+    tokio::spawn(s.run());
+    let r = client(addr, 2)
+        .push(&sources, false, "f", &live(2))
+        .await
+        .unwrap();
+    assert!(r.verified);
+    assert_eq!(sha256(&root.path().join("f")), sha256(&sources[0]));
+}
+
 /// A server that stops (`Stopper::stop`, what `hsxfer serve` does on SIGTERM) tells the
 /// client of a push and of a pull why, instead of closing the connections; the push run
 /// again against the server started anew resumes and completes.

@@ -170,6 +170,7 @@ impl FaultArgs {
             corrupt_on_wire: self.debug_corrupt_wire,
             corrupt_past_check: self.debug_corrupt_past_check,
             crash_at: self.debug_crash_at,
+            ..Default::default()
         }
     }
 }

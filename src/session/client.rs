@@ -467,6 +467,7 @@ impl Client {
             await_telemetry: true,
             growth: Some(growth),
             crash_at: None,
+            slow_block_writes: None,
             budget: Some(super::budget::FileBudget::of_clients()),
             stop: None,
         }

@@ -14,4 +14,7 @@ pub struct FaultInjection {
     pub corrupt_past_check: Option<u64>,
     /// A receiving server kills itself (SIGKILL) just before this step of a commit.
     pub crash_at: Option<CommitStep>,
+    /// A receiving server takes this much longer over every block it writes (on its file
+    /// threads): a block write then outlives a session that ends meanwhile.
+    pub slow_block_writes: Option<std::time::Duration>,
 }

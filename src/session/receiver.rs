@@ -6,6 +6,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -33,7 +34,7 @@ use crate::fsio::root::Scope;
 use crate::transport::tls::Stream;
 
 /// How long a receiver waits for the sender's final telemetry after the last file.
-const FINAL_TELEMETRY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+const FINAL_TELEMETRY_WAIT: Duration = Duration::from_secs(2);
 
 /// Where received data goes.
 #[derive(Clone)]
@@ -82,6 +83,8 @@ pub struct ReceiveEngine<R, W> {
     pub stop: Option<StopWatch>,
     /// Test fault: kill this process just before this step of a commit.
     pub crash_at: Option<CommitStep>,
+    /// Test fault: every block write takes this much longer.
+    pub slow_block_writes: Option<Duration>,
     /// The process's budget of open files, shared with its other sessions; `None` bounds
     /// the session only by [`crate::channels::limits::MAX_UNFINISHED_FILES`].
     pub budget: Option<FileBudget>,
@@ -104,7 +107,14 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         // On success the channel tasks end when the sender, having seen every FileDone,
         // closes its channels.
         let result = self.drive(&shared, &ev_tx, ev_rx, &work, &mut tasks).await;
-        let out = conclude(result, &mut self.ctrl_r, &mut self.ctrl_w, tasks).await?;
+        let out = conclude(result, &mut self.ctrl_r, &mut self.ctrl_w, tasks).await;
+        let unfinished: Vec<_> = lock(&shared).targets.values().map(Arc::downgrade).collect();
+        drop(shared);
+        let held = released(unfinished).await;
+        let out = out?;
+        if held > 0 {
+            tracing::warn!("{held} part files were still held by file jobs when the session ended");
+        }
         if self.await_telemetry {
             self.final_telemetry().await;
         }
@@ -142,6 +152,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
             work: work.clone(),
             live: self.live.clone(),
             key: self.digest_key,
+            slow_writes: self.slow_block_writes,
         }
     }
 
@@ -494,6 +505,26 @@ fn prepare_chunk(
     Ok(out)
 }
 
+/// How long a session that ends waits for file jobs to let go of its unfinished files.
+const RELEASE_WAIT: Duration = Duration::from_secs(10);
+
+/// Waits until no job holds any of `unfinished` (up to [`RELEASE_WAIT`]); returns how many
+/// are still held then. A part file stays locked while anything holds it: a block write or a
+/// commit queued on the session's [`FileWork`], or a channel task that its failure aborted
+/// but that still runs. A session that ended before they let go left its files locked, and
+/// the same copy run again at once (after a server's stop, say) was refused with "being
+/// received by another transfer".
+async fn released(unfinished: Vec<std::sync::Weak<Target>>) -> usize {
+    let deadline = tokio::time::Instant::now() + RELEASE_WAIT;
+    loop {
+        let held = unfinished.iter().filter(|t| t.strong_count() > 0).count();
+        if held == 0 || tokio::time::Instant::now() >= deadline {
+            return held;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Applies directory modes and mtimes after their contents are in place, deepest first,
 /// through each directory opened `O_NOFOLLOW` (below the root, when confined): a directory
 /// swapped for a symlink is passed over, never changed through the link.
@@ -532,6 +563,7 @@ struct ChannelReceiver {
     work: FileWork,
     live: Arc<LiveStats>,
     key: DigestKey,
+    slow_writes: Option<Duration>,
 }
 
 impl ChannelReceiver {
@@ -554,8 +586,15 @@ impl ChannelReceiver {
                 Verdict::Resend(vec![block])
             } else {
                 if let Some(t) = target.filter(|t| !matches!(**t, Target::Discard)) {
-                    let (b, r) =
-                        write_target(&self.work, t, h.offset, block, buf, got.digest).await;
+                    let (b, r) = write_target(
+                        &self.work,
+                        t,
+                        (h.offset, block),
+                        buf,
+                        got.digest,
+                        self.slow_writes,
+                    )
+                    .await;
                     buf = b;
                     r?;
                 }
@@ -576,13 +615,16 @@ impl ChannelReceiver {
 async fn write_target(
     work: &FileWork,
     t: Arc<Target>,
-    offset: u64,
-    block: u64,
+    (offset, block): (u64, u64),
     payload: BytesMut,
     digest: Digest,
+    slow: Option<Duration>,
 ) -> (BytesMut, Result<()>) {
     let joined = work
         .run("writing a block", move || {
+            if let Some(d) = slow {
+                std::thread::sleep(d);
+            }
             let r = match &*t {
                 Target::Partial(p) => {
                     let ctx = || format!("writing {}", p.target().display());

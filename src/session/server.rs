@@ -570,6 +570,7 @@ async fn control(
                 await_telemetry: false,
                 growth: Some(growth(reserve, tx, rx, setup, None)),
                 crash_at: faults.crash_at,
+                slow_block_writes: faults.slow_block_writes,
                 budget: Some(state.files.clone()),
                 stop: Some(state.stop.subscribe()),
             }
