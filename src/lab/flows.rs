@@ -92,7 +92,8 @@ pub struct FlowResult {
     /// receiver acknowledged, timed when sampled).
     pub trace: Vec<TraceRow>,
     /// The share of the delay element's releases while it ran that came more than 1 ms late
-    /// (to within the element's 500 ms publishing period; `None` without its statistics).
+    /// (from a publication of its statistics before the flow started, within 500 ms, to the
+    /// first after it ended; `None` without its statistics).
     pub late_share: Option<f64>,
 }
 
@@ -205,7 +206,7 @@ impl RunningFlow {
         if self.spec.trace.is_none() {
             let _ = std::fs::remove_file(&self.trace);
         }
-        let late_share = Releases::read(&self.element_stats)
+        let late_share = Releases::read_next(&self.element_stats)
             .zip(self.releases)
             .and_then(|(after, before)| after.late_share_since(&before));
         Ok(FlowResult {
