@@ -254,6 +254,35 @@ fn around(trace: &[TraceRow], hit: impl Fn(&TraceRow) -> bool) -> String {
         .join(" ")
 }
 
+/// A flow's course, for a failure message: the goodput of each 100 ms (Mbit/s, from the
+/// acknowledged bytes of all channels) and when a channel entered the Loss state (a timeout).
+fn course(trace: &[TraceRow]) -> String {
+    let mut bins: Vec<u64> = Vec::new();
+    let mut last: std::collections::HashMap<u16, (u64, u8)> = Default::default();
+    let mut timeouts = Vec::new();
+    for r in trace {
+        let bin = (r.t / 0.1) as usize;
+        if bins.len() <= bin {
+            bins.resize(bin + 1, 0);
+        }
+        let (acked, state) = last.get(&r.channel).copied().unwrap_or((0, 0));
+        bins[bin] += r.bytes_acked.saturating_sub(acked);
+        if r.ca_state == 4 && state != 4 {
+            timeouts.push(format!("{:.2} s ch{}", r.t, r.channel));
+        }
+        last.insert(r.channel, (r.bytes_acked, r.ca_state));
+    }
+    let rates: Vec<String> = bins
+        .iter()
+        .map(|b| format!("{:.0}", *b as f64 * 8.0 / 0.1 / 1e6))
+        .collect();
+    format!(
+        "Mbit/s per 100 ms: [{}]; timeouts: [{}]",
+        rates.join(" "),
+        timeouts.join(", ")
+    )
+}
+
 #[test]
 fn each_bundled_cc_fills_a_bottleneck_ten_times_and_cuts_as_its_model() {
     if !root_or_skip("bundled CCs through a bottleneck") {
@@ -352,8 +381,10 @@ fn each_bundled_cc_fills_a_bottleneck_ten_times_and_cuts_as_its_model() {
             }
             assert!(
                 goodput >= 0.80 * rate,
-                "{cc} run {run_no}: {:.1} Mbit/s < 80 % of the bottleneck ({late}; run again before: {reruns:?})",
-                goodput / 1e6
+                "{cc} run {run_no}: {:.1} Mbit/s in {:.2} s < 80 % of the bottleneck ({late}; run again before: {reruns:?}); {}",
+                goodput / 1e6,
+                r.summary.seconds,
+                course(&r.trace)
             );
             goodputs.push(goodput);
             for red in reductions(&r.trace, channels as usize) {
