@@ -83,9 +83,10 @@ pub async fn run(a: ProbeArgs) -> anyhow::Result<bool> {
                 ProbeStep::Path {
                     rate_bps,
                     random_loss,
+                    plateau,
                 } => eprintln!(
                     "probe: bottleneck {}, trying configurations …",
-                    bottleneck(*rate_bps, *random_loss)
+                    bottleneck(*rate_bps, *random_loss, *plateau)
                 ),
                 ProbeStep::Trial {
                     config,
@@ -139,13 +140,18 @@ pub fn print_probe(mode: Mode, host: &str, r: &ProbeReport, saved: Option<&PathB
     }
 }
 
-/// The bottleneck rate as measured; through random loss the first trial's channels were held
-/// below the path's rate, so what they reached is only a floor.
-fn bottleneck(rate_bps: Option<u64>, random_loss: bool) -> String {
+/// The bottleneck rate as measured. Through random loss the first trial's channels were held
+/// below the path's rate, and a meter that stopped growing without a loss found only what
+/// the path carried: in both, what they reached is only a floor.
+fn bottleneck(rate_bps: Option<u64>, random_loss: bool, plateau: bool) -> String {
     match rate_bps {
         None => "not reached".into(),
         Some(b) if random_loss => format!(
             "at least {} (random loss held the channels back)",
+            fmt_rate(b as f64)
+        ),
+        Some(b) if plateau => format!(
+            "at least {} (the channels stopped growing there without a loss)",
             fmt_rate(b as f64)
         ),
         Some(b) => fmt_rate(b as f64),
@@ -157,7 +163,11 @@ fn human(host: &str, r: &ProbeReport, saved: Option<&PathBuf>) {
         "path to {host} ({}): rtt {:.2} ms, bottleneck {}, queue {}, random loss {:.3} %, up to {} in flight per socket",
         r.direction.as_str(),
         r.rtt_ms,
-        bottleneck(r.rate_bps, random_loss(r.loss)),
+        bottleneck(
+            r.rate_bps,
+            random_loss(r.loss),
+            r.rate_is_floor && !random_loss(r.loss)
+        ),
         r.queue_packets
             .map_or("unknown".into(), |q| format!("~{q:.0} packets")),
         r.loss * 100.0,
@@ -201,4 +211,23 @@ fn human(host: &str, r: &ProbeReport, saved: Option<&PathBuf>) {
 
 fn shown(p: &Path) -> String {
     p.display().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rate_the_path_only_carried_reads_as_a_floor() {
+        assert_eq!(bottleneck(None, false, false), "not reached");
+        let measured = bottleneck(Some(956_000_000), false, false);
+        assert!(!measured.contains("at least"), "{measured}");
+        let plateau = bottleneck(Some(948_000_000), false, true);
+        assert!(
+            plateau.starts_with("at least") && plateau.contains("without a loss"),
+            "{plateau}"
+        );
+        let lossy = bottleneck(Some(948_000_000), true, true);
+        assert!(lossy.contains("random loss"), "{lossy}");
+    }
 }

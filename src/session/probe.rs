@@ -77,6 +77,9 @@ pub enum ProbeStep {
         /// Whether the first trial lost segments while paced below that rate: the rate is
         /// then what its channels reached, and the path's may be higher.
         random_loss: bool,
+        /// Whether the first trial's meter stopped growing there without a loss: the rate is
+        /// what the path carried, and it may carry more.
+        plateau: bool,
     },
     /// A trial finished.
     Trial {
@@ -96,6 +99,9 @@ pub struct ProbeReport {
     pub rtt_ms: f64,
     /// Bottleneck goodput rate, bits/s; `None` when no trial could fill the path.
     pub rate_bps: Option<u64>,
+    /// Whether `rate_bps` is only what the path carried, and it may carry more: the first
+    /// trial's meter stopped growing without a loss, or random loss held its channels back.
+    pub rate_is_floor: bool,
     /// Bottleneck queue, packets, when seen: the 95th percentile of the RTT's inflation over
     /// the first trial (whose meter overfilled the queue) times the rate; noisy on a busy
     /// host, where end hosts queue too.
@@ -253,13 +259,15 @@ pub fn learned_profile(
 /// pace at. Without it the probe tried only unpaced configurations, and on 1 Gbit/s × 60
 /// ms × 64 packets, where one channel of this host plateaus near the link's rate, it
 /// recommended `--pace off` (about 10 % of the link) in 2 of 7 runs.
-fn path_rate(tuner: &TunerReport) -> Option<f64> {
-    let bps = match tuner.meter {
-        Some(MeterEnd::Full) => tuner.measured_bps,
-        Some(MeterEnd::Plateau) => tuner.measured_bps.or(tuner.rate_bps),
-        _ => None,
+///
+/// Returns the rate and whether it is only such a floor.
+fn path_rate(tuner: &TunerReport) -> Option<(f64, bool)> {
+    let (bps, floor) = match tuner.meter {
+        Some(MeterEnd::Full) => (tuner.measured_bps, false),
+        Some(MeterEnd::Plateau) => (tuner.measured_bps.or(tuner.rate_bps), true),
+        _ => (None, false),
     };
-    bps.map(|b| b as f64 / 8.0)
+    bps.map(|b| (b as f64 / 8.0, floor))
 }
 
 /// Seconds since the Unix epoch.
@@ -345,7 +353,10 @@ pub async fn probe(
         )
         .await?;
     let tuner = first.tuner.clone().unwrap_or_default();
-    let rate = path_rate(&tuner);
+    let (rate, plateau) = match path_rate(&tuner) {
+        Some((r, floor)) => (Some(r), floor),
+        None => (None, false),
+    };
     let mss = first.mss;
     let window_limited = tuner.meter == Some(MeterEnd::WindowLimited);
     let path = PathFacts {
@@ -368,6 +379,7 @@ pub async fn probe(
     progress(&ProbeStep::Path {
         rate_bps: rate.map(|r| (r * 8.0) as u64),
         random_loss: path.lossy(),
+        plateau,
     });
     let usable = |cc: &str| sender.usable(cc);
     let mut pool = candidates(&path, &usable, &sender.cc_default, opts.policy);
@@ -438,6 +450,7 @@ pub async fn probe(
         direction: opts.direction,
         rtt_ms: path.rtt * 1e3,
         rate_bps: rate.map(|r| (r * 8.0) as u64),
+        rate_is_floor: rate.is_some() && (plateau || path.lossy()),
         queue_packets: path.queue_packets,
         loss: path.loss,
         window_max,
@@ -726,7 +739,7 @@ mod tests {
             meter: Some(MeterEnd::Full),
             ..Default::default()
         };
-        assert_eq!(path_rate(&tuner), Some(189e6 / 8.0));
+        assert_eq!(path_rate(&tuner), Some((189e6 / 8.0, false)));
         tuner.meter = Some(MeterEnd::WindowLimited);
         assert_eq!(path_rate(&tuner), None);
         tuner.meter = Some(MeterEnd::Timeout);
@@ -741,9 +754,9 @@ mod tests {
             meter: Some(MeterEnd::Plateau),
             ..Default::default()
         };
-        assert_eq!(path_rate(&tuner), Some(948e6 / 8.0));
+        assert_eq!(path_rate(&tuner), Some((948e6 / 8.0, true)));
         tuner.measured_bps = Some(990_000_000);
-        assert_eq!(path_rate(&tuner), Some(990e6 / 8.0));
+        assert_eq!(path_rate(&tuner), Some((990e6 / 8.0, true)));
         // On a short path a plateau leaves no caps and no rate.
         tuner.rate_bps = None;
         tuner.measured_bps = None;
