@@ -669,18 +669,7 @@ async fn a_stopped_server_lets_go_of_its_part_files_before_it_returns() {
     let sources = [src.path().join("f")];
     let stats = live(2);
     let c = slow_client(addr);
-    let push = c.push(&sources, false, "f", &stats);
-    tokio::pin!(push);
-    let moving = async {
-        while stats.total() < 20 << 20 {
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-    };
-    tokio::select! {
-        r = &mut push => panic!("the push ended before the stop: {r:?}"),
-        _ = moving => {}
-    }
-    let (r, ()) = tokio::join!(push, stopper.stop("a test"));
+    let r = stopped_midway(c.push(&sources, false, "f", &stats), &stats, &stopper).await;
     assert!(matches!(r, Err(hsxfer::Error::PeerAborted(_))), "{r:?}");
 
     let s = hsxfer::Server::bind(config(
