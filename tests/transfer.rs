@@ -627,6 +627,20 @@ fn slow_client(addr: std::net::SocketAddr) -> hsxfer::Client {
     )
 }
 
+/// Starts a server of `root` with `faults` on the test's runtime; returns its address and
+/// its stopper.
+async fn stoppable_server(
+    root: &std::path::Path,
+    faults: FaultInjection,
+) -> (std::net::SocketAddr, hsxfer::Stopper) {
+    let s = hsxfer::Server::bind(config(root, Auth::NoAuth, faults, false))
+        .await
+        .unwrap();
+    let (addr, stopper) = (s.local_addr(), s.stopper());
+    tokio::spawn(s.run());
+    (addr, stopper)
+}
+
 /// Runs `transfer` until it has moved 16 MiB (four blocks), then stops `stopper`'s server; returns what
 /// the transfer then ended with.
 async fn stopped_midway<T: std::fmt::Debug>(
@@ -661,27 +675,14 @@ async fn a_stopped_server_lets_go_of_its_part_files_before_it_returns() {
         slow_block_writes: Some(std::time::Duration::from_millis(1000)),
         ..FaultInjection::default()
     };
-    let s = hsxfer::Server::bind(config(root.path(), Auth::NoAuth, faults, false))
-        .await
-        .unwrap();
-    let (addr, stopper) = (s.local_addr(), s.stopper());
-    tokio::spawn(s.run());
+    let (addr, stopper) = stoppable_server(root.path(), faults).await;
     let sources = [src.path().join("f")];
     let stats = live(2);
     let c = slow_client(addr);
     let r = stopped_midway(c.push(&sources, false, "f", &stats), &stats, &stopper).await;
     assert!(matches!(r, Err(hsxfer::Error::PeerAborted(_))), "{r:?}");
 
-    let s = hsxfer::Server::bind(config(
-        root.path(),
-        Auth::NoAuth,
-        FaultInjection::default(),
-        false,
-    ))
-    .await
-    .unwrap();
-    let addr = s.local_addr();
-    tokio::spawn(s.run());
+    let (addr, _stopper) = stoppable_server(root.path(), FaultInjection::default()).await;
     let r = client(addr, 2)
         .push(&sources, false, "f", &live(2))
         .await
@@ -699,19 +700,7 @@ async fn a_stopping_server_tells_its_clients_and_the_copy_then_resumes() {
     let root = tempfile::tempdir().unwrap();
     // 64 MiB at 2 x 64 Mbit/s: about 4 s.
     random_file(&src.path().join("f"), 64 << 20, 5);
-    let start = || async {
-        let s = hsxfer::Server::bind(config(
-            root.path(),
-            Auth::NoAuth,
-            FaultInjection::default(),
-            false,
-        ))
-        .await
-        .unwrap();
-        let (addr, stopper) = (s.local_addr(), s.stopper());
-        tokio::spawn(s.run());
-        (addr, stopper)
-    };
+    let start = || stoppable_server(root.path(), FaultInjection::default());
     let said = |r: hsxfer::Result<hsxfer::TransferReport>| match r {
         Err(hsxfer::Error::PeerAborted(m)) => assert!(
             m.contains("the server is stopping (a test)") && m.contains("resumes"),
