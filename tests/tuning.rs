@@ -110,9 +110,9 @@ fn a_probe_measures_a_tiny_queue_path_and_its_profile_makes_a_plain_copy_fast() 
         });
         eprintln!("probe: {probe}");
         assert_eq!(probe["type"], "probe");
-        let rate = probe["rate_bps"]
-            .as_f64()
-            .expect("the probe measured a rate");
+        // No rate measured misses the bound as a wrong one does (a CI run's probe measured
+        // none here; its late share was not printed).
+        let rate = probe["rate_bps"].as_f64().unwrap_or(0.0);
         let met = (rate / ceiling - 1.0).abs() <= 0.10;
         if !met && !faithful(late) && reruns.len() < 4 {
             reruns.push(format!(
@@ -124,7 +124,7 @@ fn a_probe_measures_a_tiny_queue_path_and_its_profile_makes_a_plain_copy_fast() 
         }
         assert!(
             met,
-            "probe rate {:.1} Mbit/s, goodput ceiling {:.1}, {} (run again before: {reruns:?})",
+            "probe rate {:.1} Mbit/s (0: none measured), goodput ceiling {:.1}, {} (run again before: {reruns:?})",
             rate / 1e6,
             ceiling / 1e6,
             late_text(late)
