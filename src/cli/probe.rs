@@ -163,11 +163,7 @@ fn human(host: &str, r: &ProbeReport, saved: Option<&PathBuf>) {
         "path to {host} ({}): rtt {:.2} ms, bottleneck {}, queue {}, random loss {:.3} %, up to {} in flight per socket",
         r.direction.as_str(),
         r.rtt_ms,
-        bottleneck(
-            r.rate_bps,
-            random_loss(r.loss),
-            r.rate_is_floor && !random_loss(r.loss)
-        ),
+        bottleneck(r.rate_bps, random_loss(r.loss), r.rate_is_floor),
         r.queue_packets
             .map_or("unknown".into(), |q| format!("~{q:.0} packets")),
         r.loss * 100.0,
