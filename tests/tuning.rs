@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::netns::root_or_skip;
 use common::{late_text, random_file};
-use hsxfer::lab::element::faithful;
+use hsxfer::lab::element::{faithful, Releases};
 use hsxfer::lab::{Host, Lab, LabSpec, QueueSize};
 use serde_json::Value;
 
@@ -65,13 +65,11 @@ fn token(lab: &Lab) -> String {
 }
 
 /// Runs `f` and the share of the delay element's releases meanwhile that came more than
-/// 1 ms late (its statistics are published every 500 ms, so they are read once more after).
+/// 1 ms late (to its first publication of statistics after `f` ended).
 fn with_late_share<T>(lab: &Lab, f: impl FnOnce() -> T) -> (T, Option<f64>) {
     let before = lab.releases();
     let out = f();
-    std::thread::sleep(Duration::from_millis(600));
-    let late = lab
-        .releases()
+    let late = Releases::read_next(&lab.element_stats_path())
         .zip(before)
         .and_then(|(after, before)| after.late_share_since(&before));
     (out, late)
