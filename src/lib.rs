@@ -58,9 +58,7 @@ pub mod probe {
         apply_profile, learned_profile, min_budget, probe, unix_now, Fixed, ProbeOptions,
         ProbeReport, ProbeStep, PROFILE_MAX_AGE_S,
     };
-    pub use crate::tuning::probe::{
-        random_loss, Config, Direction, PathProfile, Ranked, Recommendation,
-    };
+    pub use crate::tuning::probe::{Config, Direction, PathProfile, Ranked, Recommendation};
 }
 
 pub use channels::control::BenchDirection;

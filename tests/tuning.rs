@@ -101,10 +101,11 @@ fn a_probe_measures_a_tiny_queue_path_and_its_profile_makes_a_plain_copy_fast() 
     let mut reruns: Vec<String> = Vec::new();
     let probe = loop {
         let (probe, late) = with_late_share(&lab, || {
-            last_json(&on_sender(
-                &lab,
-                &["probe", "--json", "--token-file", &token, &server],
-            ))
+            let out = on_sender(&lab, &["probe", "--json", "--token-file", &token, &server]);
+            // Its one line, as docs/json-schema.json describes it.
+            common::validated_events(&out.stdout)
+                .pop()
+                .expect("a probe")
         });
         eprintln!("probe: {probe}");
         assert_eq!(probe["type"], "probe");

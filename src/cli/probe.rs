@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::Args;
 use hsxfer::channels::control::Policy;
-use hsxfer::probe::{probe, random_loss, Direction, ProbeOptions, ProbeReport, ProbeStep};
+use hsxfer::probe::{probe, Direction, ProbeOptions, ProbeReport, ProbeStep};
 use hsxfer::DEFAULT_PORT;
 use serde_json::json;
 
@@ -158,15 +158,33 @@ fn bottleneck(rate_bps: Option<u64>, random_loss: bool, plateau: bool) -> String
     }
 }
 
+/// The bottleneck's queue, as far as the meter filled it.
+fn queue(packets: Option<f64>, floor: bool) -> String {
+    match packets {
+        None => "unknown".into(),
+        Some(q) if floor => format!("at least ~{q:.0} packets"),
+        Some(q) => format!("~{q:.0} packets"),
+    }
+}
+
+/// The first trial's losses, and whether they look random or came from the queue.
+fn loss(share: f64, random: bool) -> String {
+    let pct = share * 100.0;
+    match (share > 0.0, random) {
+        (false, _) => "no loss".into(),
+        (true, true) => format!("random loss {pct:.3} %"),
+        (true, false) => format!("loss {pct:.3} % (at the queue, not random)"),
+    }
+}
+
 fn human(host: &str, r: &ProbeReport, saved: Option<&PathBuf>) {
     outln!(
-        "path to {host} ({}): rtt {:.2} ms, bottleneck {}, queue {}, random loss {:.3} %, up to {} in flight per socket",
+        "path to {host} ({}): rtt {:.2} ms, bottleneck {}, queue {}, {}, up to {} in flight per socket",
         r.direction.as_str(),
         r.rtt_ms,
-        bottleneck(r.rate_bps, random_loss(r.loss), r.rate_is_floor),
-        r.queue_packets
-            .map_or("unknown".into(), |q| format!("~{q:.0} packets")),
-        r.loss * 100.0,
+        bottleneck(r.rate_bps, r.loss_is_random, r.rate_is_floor),
+        queue(r.queue_packets, r.queue_is_floor),
+        loss(r.loss, r.loss_is_random),
         fmt_bytes(r.window_max),
     );
     outln!(
@@ -212,6 +230,23 @@ fn shown(p: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_queue_the_meter_did_not_fill_reads_as_a_floor() {
+        assert_eq!(queue(None, false), "unknown");
+        assert_eq!(queue(Some(70.4), false), "~70 packets");
+        assert_eq!(queue(Some(320.0), true), "at least ~320 packets");
+    }
+
+    #[test]
+    fn losses_say_whether_they_look_random() {
+        assert_eq!(loss(0.0, false), "no loss");
+        assert_eq!(loss(0.001, true), "random loss 0.100 %");
+        assert_eq!(
+            loss(0.00076, false),
+            "loss 0.076 % (at the queue, not random)"
+        );
+    }
 
     #[test]
     fn a_rate_the_path_only_carried_reads_as_a_floor() {

@@ -35,7 +35,8 @@ use crate::tuning::bdp::WIRE_OVERHEAD;
 use crate::tuning::defaults;
 use crate::tuning::desync::{PaceChoice, StaggerChoice};
 use crate::tuning::probe::{
-    candidates, rank, Config, Direction, PathFacts, PathProfile, Ranked, Recommendation, Trial,
+    candidates, loss_based, rank, Config, Direction, PathFacts, PathProfile, Ranked,
+    Recommendation, Trial,
 };
 
 /// Channels of the first trial (the meter runs on the first of them).
@@ -102,12 +103,19 @@ pub struct ProbeReport {
     /// Whether `rate_bps` is only what the path carried, and it may carry more: the first
     /// trial's meter stopped growing without a loss, or random loss held its channels back.
     pub rate_is_floor: bool,
-    /// Bottleneck queue, packets, when seen: the 95th percentile of the RTT's inflation over
-    /// the first trial (whose meter overfilled the queue) times the rate; noisy on a busy
-    /// host, where end hosts queue too.
+    /// Bottleneck queue, packets: the RTT's inflation while the first trial's meter
+    /// overfilled the queue ([`loaded_srtt`]) times the rate (a busy end host adds its own
+    /// delay to it); `None` when the meter did not fill the path, or a random loss ended it.
     pub queue_packets: Option<f64>,
-    /// Share of segments lost while paced below the rate.
+    /// Whether `queue_packets` is only a floor: no loss showed the queue full before the
+    /// meter stopped (a meter that stopped growing, or a deep queue).
+    pub queue_is_floor: bool,
+    /// Share of segments the first trial retransmitted once it ran paced at the rate.
     pub loss: f64,
+    /// Whether those losses look random (spread out, not a queue's overflow): more than one
+    /// in ten thousand, and, for loss-based channels, often enough to explain what they
+    /// moved ([`crate::tuning::probe::RANDOM_LOSS_SLACK`]).
+    pub loss_is_random: bool,
     /// Bytes one socket can keep in flight in this direction, as the hosts' limits allow.
     pub window_max: u64,
     /// The server's facts.
@@ -359,23 +367,35 @@ pub async fn probe(
     };
     let mss = first.mss;
     let window_limited = tuner.meter == Some(MeterEnd::WindowLimited);
-    let path = PathFacts {
+    let mut path = PathFacts {
         window_limited,
         rtt: first.min_rtt.unwrap_or(rtt.as_secs_f64()),
         rate,
         reached: first.steady.goodput.max(first.peak),
+        // Only a meter that filled the path saw its queue: one that stopped growing saw none.
         queue_packets: rate.map(|r| {
-            (first.loaded_rtt - first.min_rtt.unwrap_or(0.0)).max(0.0) * r
+            (first.loaded.rtt - first.min_rtt.unwrap_or(0.0)).max(0.0) * r
                 / (mss + WIRE_OVERHEAD) as f64
         }),
+        queue_is_floor: !first.loaded.overflowed,
         loss: if rate.is_some() {
             first.steady.retransmit_rate
         } else {
             0.0
         },
+        loss_based_goodput: first
+            .cc
+            .as_deref()
+            .filter(|cc| loss_based(cc))
+            .map(|_| (first.steady.goodput, FIRST_TRIAL_CHANNELS)),
         window_max,
         mss,
     };
+    if path.lossy() {
+        // A random loss ended the meter before the queue filled (on 1 Gbit/s × 60 ms with a
+        // 4,954-packet queue and 0.1 % loss it read 3-5 packets).
+        path.queue_packets = None;
+    }
     progress(&ProbeStep::Path {
         rate_bps: rate.map(|r| (r * 8.0) as u64),
         random_loss: path.lossy(),
@@ -452,7 +472,9 @@ pub async fn probe(
         rate_bps: rate.map(|r| (r * 8.0) as u64),
         rate_is_floor: rate.is_some() && (plateau || path.lossy()),
         queue_packets: path.queue_packets,
+        queue_is_floor: path.queue_packets.is_some() && path.queue_is_floor,
         loss: path.loss,
+        loss_is_random: path.lossy(),
         window_max,
         server,
         flags: match opts.mptcp {
@@ -478,8 +500,8 @@ struct Measured {
     steady: Steady,
     peak: f64,
     min_rtt: Option<f64>,
-    /// The RTT under load, seconds ([`loaded_srtt`]).
-    loaded_rtt: f64,
+    /// The RTT under load ([`loaded_srtt`]).
+    loaded: Loaded,
     mss: u32,
     cc: Option<String>,
     tuner: Option<TunerReport>,
@@ -548,7 +570,7 @@ impl Runner {
                 .filter(|us| *us > 0)
                 .min()
                 .map(|us| us as f64 / 1e6),
-            loaded_rtt: loaded_srtt(&samples),
+            loaded: loaded_srtt(&samples),
             mss: samples.iter().map(|s| s.tcp.mss).max().unwrap_or(0),
             cc: report.channels.first().and_then(|c| c.cc.clone()),
             tuner: report.tuning.online,
@@ -560,50 +582,78 @@ impl Runner {
 /// handshake's RTT, which includes the server's accept (the srtt keeps 7/8 per ACK).
 const SRTT_SETTLED_SEGMENTS: u32 = 100;
 
-/// The smoothed RTT under load, seconds: the larger of
-/// - the highest the first channel held over two readings while it metered alone (before
-///   another channel delivered): the meter ends at a loss, or once the queue grew the RTT by
-///   15 %;
-/// - the 95th percentile over the whole trial: a deep queue the meter filled drains for
-///   seconds at the caps.
+/// Rounds (of the minimum RTT) after the meter's end whose readings still count for the
+/// queue: the meter offered up to 2.89× what the path delivered until it stopped, and that
+/// excess reaches the queue, and its ACKs come back, within about two rounds.
+const QUEUE_ROUNDS_AFTER_METER: f64 = 3.0;
+
+/// The smoothed RTT under load, seconds: the highest any channel held over two fresh
+/// readings while the path was offered more than it carries, that is while the first channel
+/// metered alone (its meter ends at a loss, or once the queue grew the RTT by 15 %) and for
+/// [`QUEUE_ROUNDS_AFTER_METER`] rounds after another channel first delivered.
+///
+/// Later readings do not count: the channels then run paced below the rate, so the
+/// bottleneck's queue can only drain, and an RTT that still grows is the end hosts'. On
+/// 1 Gbit/s × 60 ms × 64 packets (0.8 ms of queue) the channels' RTT rose by up to 12 ms
+/// while paced at 98 % of the rate, and the 95th percentile over the whole trial, counted
+/// before, read a queue of 410–880 packets.
 ///
 /// Only readings that carry a fresh RTT count: those of a channel that delivered since its
 /// previous reading, and more than [`SRTT_SETTLED_SEGMENTS`] in all. A waiting channel (for
 /// the meter, or after its last block) repeats the srtt of its last ACK, its handshake's at
-/// first; counted, such readings made a 16-packet queue look like 80.
-fn loaded_srtt(samples: &[Sample]) -> f64 {
-    let mut last: HashMap<u16, u32> = HashMap::new();
-    let mut metering = true;
-    let (mut meter_max, mut meter_previous) = (0, 0);
-    let mut fresh = Vec::new();
+/// first; counted, such readings made a 16-packet queue look like 80. Held over two: one
+/// reading's spike (a late release of the delay element, a late tick) made a 16-packet queue
+/// read 75 one probe in nine.
+///
+/// A loss in that span shows the queue overflowed, so the reading is its size; without one
+/// the meter stopped before it filled (a plateau, or a deep queue that grew the RTT by 15 %
+/// first), and the reading is only a floor.
+fn loaded_srtt(samples: &[Sample]) -> Loaded {
+    let base = samples
+        .iter()
+        .map(|s| s.tcp.min_rtt_us)
+        .filter(|us| *us > 0)
+        .min()
+        .unwrap_or(0) as f64
+        / 1e6;
+    let mut delivered: HashMap<u16, u32> = HashMap::new();
+    let mut previous: HashMap<u16, u32> = HashMap::new();
+    let mut meter_end: Option<f64> = None;
+    let (mut loaded, mut overflowed) = (0, false);
     for s in samples {
-        let Some(before) = last.insert(s.channel, s.tcp.delivered) else {
+        if meter_end.is_some_and(|end| s.t > end + QUEUE_ROUNDS_AFTER_METER * base) {
+            continue;
+        }
+        overflowed |= s.tcp.total_retrans > 0;
+        let Some(before) = delivered.insert(s.channel, s.tcp.delivered) else {
             continue;
         };
         if s.tcp.delivered <= before {
             continue;
         }
-        metering &= s.channel == 0;
+        if s.channel != 0 && meter_end.is_none() {
+            meter_end = Some(s.t);
+        }
         if s.tcp.delivered > SRTT_SETTLED_SEGMENTS {
-            if metering {
-                // Held over two readings: one reading's spike (a late release of the delay
-                // element, a late tick) made a 16-packet queue read 75 one probe in nine.
-                meter_max = meter_max.max(s.tcp.rtt_us.min(meter_previous));
-                meter_previous = s.tcp.rtt_us;
+            if let Some(p) = previous.insert(s.channel, s.tcp.rtt_us) {
+                loaded = loaded.max(s.tcp.rtt_us.min(p));
             }
-            fresh.push(s.tcp.rtt_us);
         }
     }
-    percentile(fresh.into_iter(), 0.95).max(meter_max) as f64 / 1e6
+    Loaded {
+        rtt: loaded as f64 / 1e6,
+        overflowed,
+    }
 }
 
-/// The `q` quantile of some values (0 for none).
-fn percentile(values: impl Iterator<Item = u32>, q: f64) -> u32 {
-    let mut v: Vec<u32> = values.collect();
-    v.sort_unstable();
-    v.get(((v.len() as f64 - 1.0) * q).round() as usize)
-        .copied()
-        .unwrap_or(0)
+/// The RTT while the first trial overfilled the path ([`loaded_srtt`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct Loaded {
+    /// Seconds.
+    rtt: f64,
+    /// Whether a segment was lost meanwhile: the queue overflowed, and the reading is its
+    /// size rather than a floor.
+    overflowed: bool,
 }
 
 /// Goodput and retransmissions of all channels over the second half of the samples' span.
@@ -764,10 +814,10 @@ mod tests {
     }
 
     #[test]
-    fn the_loaded_rtt_counts_only_fresh_readings_and_the_meters_peak() {
+    fn the_loaded_rtt_counts_fresh_readings_while_the_path_was_overfilled() {
         // Channel 0 meters alone for 50 ticks at 40.5 ms, 41 ms at its end and a one-reading
         // spike of 60 ms; channel 1 waits meanwhile, repeating its handshake's 45 ms, then
-        // both deliver at 40.5 ms.
+        // both deliver at 40.5 ms (from t = 0.51 s). The minimum RTT is 40 ms.
         let mut s = Vec::new();
         for k in 0..200u32 {
             let mut a = sample(k as f64 * 0.01, 0, 200 + 10 * k, 0);
@@ -776,24 +826,42 @@ mod tests {
                 20 => 60_000,
                 _ => 40_500,
             };
-            s.push(a);
             let mut b = sample(k as f64 * 0.01, 1, 200 + 10 * k.saturating_sub(50), 0);
             b.tcp.rtt_us = if k <= 50 { 45_000 } else { 40_500 };
+            for x in [&mut a, &mut b] {
+                x.tcp.min_rtt_us = 40_000;
+            }
+            s.push(a);
             s.push(b);
         }
-        assert!(
-            (loaded_srtt(&s) - 0.041).abs() < 1e-9,
-            "{}",
-            loaded_srtt(&s)
-        );
-        // A peak after the meter is one reading of 300: under the 95th percentile.
-        s[2 * 150].tcp.rtt_us = 60_000;
-        assert!(
-            (loaded_srtt(&s) - 0.041).abs() < 1e-9,
-            "{}",
-            loaded_srtt(&s)
-        );
-        assert_eq!(loaded_srtt(&[]), 0.0);
+        let loaded = |s: &[Sample]| loaded_srtt(s).rtt * 1e3;
+        assert!((loaded(&s) - 41.0).abs() < 1e-6, "{}", loaded(&s));
+        // The meter's excess still queued in the rounds after it: 42 ms held by channel 1
+        // within three rounds (0.12 s) of its first delivery counts.
+        for k in [55, 56] {
+            s[2 * k + 1].tcp.rtt_us = 42_000;
+        }
+        assert!((loaded(&s) - 42.0).abs() < 1e-6, "{}", loaded(&s));
+        // Later, with the channels paced below the rate, the queue cannot grow: 50 ms held
+        // by both channels for a second is the end hosts' delay, not the bottleneck's.
+        for x in &mut s[2 * 80..2 * 180] {
+            x.tcp.rtt_us = 50_000;
+        }
+        assert!((loaded(&s) - 42.0).abs() < 1e-6, "{}", loaded(&s));
+        assert_eq!(loaded_srtt(&[]).rtt, 0.0);
+
+        // No loss while the path was overfilled: the queue did not overflow, and the
+        // reading is a floor. A loss after those rounds does not change that; one within
+        // them does.
+        assert!(!loaded_srtt(&s).overflowed);
+        for x in &mut s[2 * 100..] {
+            x.tcp.total_retrans = 3;
+        }
+        assert!(!loaded_srtt(&s).overflowed);
+        for x in &mut s[2 * 49..] {
+            x.tcp.total_retrans = 3;
+        }
+        assert!(loaded_srtt(&s).overflowed);
     }
 
     #[test]

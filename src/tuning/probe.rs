@@ -54,8 +54,14 @@ pub struct PathFacts {
     pub reached: f64,
     /// Bottleneck queue, packets, when the meter could see it.
     pub queue_packets: Option<f64>,
-    /// Share of segments lost while paced below the rate (random loss).
+    /// Whether the queue is only a floor: the meter stopped before it overflowed.
+    pub queue_is_floor: bool,
+    /// Share of segments the first trial retransmitted once it ran paced at the rate.
     pub loss: f64,
+    /// What the first trial's channels moved over the span `loss` counts, bytes/s, and how
+    /// many they were, when their congestion control backs off on loss (`None` for BBR,
+    /// which random loss does not hold back).
+    pub loss_based_goodput: Option<(f64, u16)>,
     /// Whether a host's window held the meter's channel back (the rate stayed unknown).
     pub window_limited: bool,
     /// Bytes one socket can have in flight in this direction: half the smaller of the
@@ -72,16 +78,22 @@ impl PathFacts {
         self.rate.unwrap_or(self.reached) * self.rtt
     }
 
-    /// Whether the queue holds less than a tenth of the BDP.
+    /// Whether the queue holds less than a tenth of the BDP (a floor cannot tell).
     pub fn tiny_queue(&self) -> bool {
         let packet = (self.mss + WIRE_OVERHEAD) as f64;
-        self.queue_packets
-            .is_some_and(|q| q * packet < 0.1 * self.bdp())
+        !self.queue_is_floor
+            && self
+                .queue_packets
+                .is_some_and(|q| q * packet < 0.1 * self.bdp())
     }
 
-    /// Whether losses come without congestion.
+    /// Whether losses come without congestion: more than [`random_loss`] allows, and, for
+    /// loss-based channels, often enough to explain what they moved ([`RANDOM_LOSS_SLACK`]).
     pub fn lossy(&self) -> bool {
         random_loss(self.loss)
+            && self.loss_based_goodput.is_none_or(|(goodput, channels)| {
+                goodput <= RANDOM_LOSS_SLACK * mathis_rate(self.loss, channels, self.mss, self.rtt)
+            })
     }
 
     /// Channels the hosts' socket buffers need for the whole BDP, with 20 % to spare; when a
@@ -101,6 +113,25 @@ pub fn random_loss(loss: f64) -> bool {
     loss > 1e-4
 }
 
+/// What `channels` loss-based channels can move through random loss of share `loss`, bytes/s:
+/// each holds a window of about 1.22/√p segments per RTT (Mathis et al. 1997).
+pub fn mathis_rate(loss: f64, channels: u16, mss: u32, rtt: f64) -> f64 {
+    channels as f64 * mss as f64 / rtt.max(1e-6) * 1.22 / loss.max(1e-12).sqrt()
+}
+
+/// How far above [`mathis_rate`] loss-based channels may move before their losses cannot be
+/// random. Cubic holds up to about 3× Reno's window through random loss of 1e-4 at 250 ms
+/// (its response function, RFC 8312); losses at a queue that overflowed come many in one
+/// congestion event, so channels move far more than the same share spread out would allow:
+/// on 1 Gbit/s × 60 ms × 64 packets four paced cubic channels retransmitted 0.08–0.13 % of
+/// their segments at 893 Mbit/s, about 30× what 0.1 % of random loss leaves them.
+pub const RANDOM_LOSS_SLACK: f64 = 4.0;
+
+/// Whether a congestion control backs off on loss (all but BBR).
+pub fn loss_based(cc: &str) -> bool {
+    !cc.starts_with("bbr")
+}
+
 /// The configurations worth trying on `path`, best guess first. `usable` says which
 /// congestion controls the sending host may select; `default_cc` is its default.
 pub fn candidates(
@@ -109,7 +140,6 @@ pub fn candidates(
     default_cc: &str,
     policy: Policy,
 ) -> Vec<Config> {
-    let loss_based = |c: &str| !c.starts_with("bbr");
     let mut ccs: Vec<String> = Vec::new();
     if loss_based(default_cc) && usable(default_cc) {
         ccs.push(default_cc.to_string());
@@ -420,7 +450,9 @@ mod tests {
             rate: Some(119.5e6),
             reached: 119.5e6,
             queue_packets: Some(queue),
+            queue_is_floor: false,
             loss,
+            loss_based_goodput: None,
             window_limited: false,
             window_max,
             mss: 1448,
@@ -443,6 +475,15 @@ mod tests {
             "fair never tries bbr: {c:?}"
         );
         assert!(c.len() >= 3, "{c:?}");
+    }
+
+    #[test]
+    fn a_queue_seen_only_as_a_floor_is_not_tiny() {
+        let mut p = path(64.0, 0.0, 64 << 20);
+        p.queue_is_floor = true;
+        assert!(!p.tiny_queue());
+        let c = candidates(&p, &all, "cubic", Policy::Fair);
+        assert!(c.iter().any(|c| !c.paced), "{c:?}");
     }
 
     #[test]
@@ -480,6 +521,29 @@ mod tests {
         assert_eq!(first, vec![(8, false), (16, false), (32, false)]);
         let fast = candidates(&p, &all, "cubic", Policy::Fast);
         assert!(fast.iter().any(|c| c.cc == "bbr"));
+    }
+
+    #[test]
+    fn losses_that_loss_based_channels_moved_far_more_through_are_not_random() {
+        // 0.1 % spread out leaves four channels at 60 ms about 30 Mbit/s (Mathis et al.).
+        let mathis = mathis_rate(1e-3, 4, 1448, 0.06);
+        assert!((mathis * 8e-6 - 29.8).abs() < 0.1, "{}", mathis * 8e-6);
+        let mut p = path(64.0, 1e-3, 64 << 20);
+        // Path (d), 1 BDP with 0.1 % random loss: four cubic channels moved 28.5 Mbit/s.
+        p.loss_based_goodput = Some((28.5e6 / 8.0, 4));
+        assert!(p.lossy());
+        // Path (a), 64 packets and no random loss: the paced trial's own overflows cost
+        // 0.08-0.13 % of the segments at 893 Mbit/s.
+        p.loss_based_goodput = Some((893e6 / 8.0, 4));
+        assert!(!p.lossy());
+        // Cubic's larger windows through random loss at a long RTT still count as random.
+        p.loss_based_goodput = Some((3.0 * mathis, 4));
+        assert!(p.lossy());
+        // BBR keeps its rate through random loss: the share decides alone.
+        p.loss_based_goodput = None;
+        assert!(p.lossy());
+        p.loss = 5e-5;
+        assert!(!p.lossy());
     }
 
     #[test]

@@ -559,7 +559,10 @@ fn report(
                     p["seconds"].as_f64().unwrap_or(0.0),
                     p["rate_bps"].as_f64().map_or("not reached".into(), |r| format!("{:.1} Mbit/s", r / 1e6)),
                     p["rtt_ms"].as_f64().unwrap_or(0.0),
-                    p["queue_packets"].as_f64().map_or("unknown".into(), |q| format!("~{q:.0} packets")),
+                    p["queue_packets"].as_f64().map_or("unknown".into(), |q| {
+                        let floor = if p["queue_is_floor"] == true { "at least " } else { "" };
+                        format!("{floor}~{q:.0} packets")
+                    }),
                     mbit(o.pick_bps),
                     o.pick_bps.map_or("–".into(), u),
                     ratio(o.pick_bps)
