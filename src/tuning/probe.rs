@@ -9,8 +9,9 @@
 //!   their own bursts (Antony et al. 2003; Cui 2013 ch. 4): only paced configurations;
 //! - a socket buffer cap below the per-channel share of the BDP means more channels: as many
 //!   as the BDP needs at that window, and twice that;
-//! - random loss (losses while paced below the rate) keeps every loss-based window small
-//!   (each channel gets about MSS/RTT × 1.22/√p, Mathis et al.): more channels, unpaced (the
+//! - random loss ([`PathFacts::lossy`]: losses that explain what the channels moved) keeps
+//!   every loss-based window small (each channel gets about MSS/RTT × 1.22/√p, Mathis et
+//!   al.): more channels, unpaced (the
 //!   rate the meter saw is then what its channels reached, not the path's), and BBR under
 //!   `--policy fast`;
 //! - otherwise the transfer's default and the loss-based congestion controls this host may
@@ -88,11 +89,14 @@ impl PathFacts {
     }
 
     /// Whether losses come without congestion: more than [`random_loss`] allows, and, for
-    /// loss-based channels, often enough to explain what they moved ([`RANDOM_LOSS_SLACK`]).
+    /// loss-based channels, often enough to explain what they moved ([`RANDOM_LOSS_SLACK`])
+    /// or holding them well below the rate the path carried ([`HELD_BELOW_RATE`]).
     pub fn lossy(&self) -> bool {
         random_loss(self.loss)
             && self.loss_based_goodput.is_none_or(|(goodput, channels)| {
-                goodput <= RANDOM_LOSS_SLACK * mathis_rate(self.loss, channels, self.mss, self.rtt)
+                let spread = random_loss_rate(self.loss, channels, self.mss, self.rtt);
+                goodput <= RANDOM_LOSS_SLACK * spread
+                    || self.rate.is_some_and(|r| goodput < HELD_BELOW_RATE * r)
             })
     }
 
@@ -114,18 +118,31 @@ pub fn random_loss(loss: f64) -> bool {
 }
 
 /// What `channels` loss-based channels can move through random loss of share `loss`, bytes/s:
-/// each holds a window of about 1.22/√p segments per RTT (Mathis et al. 1997).
-pub fn mathis_rate(loss: f64, channels: u16, mss: u32, rtt: f64) -> f64 {
-    channels as f64 * mss as f64 / rtt.max(1e-6) * 1.22 / loss.max(1e-12).sqrt()
+/// each holds the larger of Reno's window, 1.22/√p segments (Mathis et al. 1997), and cubic's
+/// average, 1.054 · RTT^¾ / p^¾ (RFC 8312 §5.1, C = 0.4, β = 0.7), which is larger on long
+/// paths at low loss (about 3× Reno's at 250 ms and 1e-4).
+pub fn random_loss_rate(loss: f64, channels: u16, mss: u32, rtt: f64) -> f64 {
+    let (p, rtt) = (loss.max(1e-12), rtt.max(1e-6));
+    let reno = 1.22 / p.sqrt();
+    let cubic = 1.054 * rtt.powf(0.75) / p.powf(0.75);
+    channels as f64 * mss as f64 / rtt * reno.max(cubic)
 }
 
-/// How far above [`mathis_rate`] loss-based channels may move before their losses cannot be
-/// random. Cubic holds up to about 3× Reno's window through random loss of 1e-4 at 250 ms
-/// (its response function, RFC 8312); losses at a queue that overflowed come many in one
-/// congestion event, so channels move far more than the same share spread out would allow:
-/// on 1 Gbit/s × 60 ms × 64 packets four paced cubic channels retransmitted 0.08–0.13 % of
-/// their segments at 893 Mbit/s, about 30× what 0.1 % of random loss leaves them.
-pub const RANDOM_LOSS_SLACK: f64 = 4.0;
+/// How far above [`random_loss_rate`] loss-based channels may move before their losses cannot
+/// be random. Losses at a queue that overflowed come many in one congestion event, or while
+/// the channels are paced near the link, and cost the windows far less than the same share
+/// spread out: four paced cubic channels retransmitted 0.08–0.13 % of their segments at 893
+/// Mbit/s on 1 Gbit/s × 60 ms × 64 packets, 30× that rate, and 0.093 % at 161 Mbit/s on
+/// 200 Mbit/s × 40 ms × 16 packets, 3.5× it; through 0.1 % of random loss four cubic channels
+/// moved 28.5 Mbit/s at 60 ms, 1.0× it.
+pub const RANDOM_LOSS_SLACK: f64 = 2.0;
+
+/// Below this share of the rate the meter measured, losses held loss-based channels back
+/// whatever they moved: in a trial of seconds the windows have not yet decayed to
+/// [`random_loss_rate`]. Through 0.1 % of random loss a meter that reached 149 Mbit/s before
+/// its first loss left four channels at 70 Mbit/s, 2.4× that rate; channels paced near the
+/// link of a tiny queue moved 0.85–0.95 of the meter's rate.
+pub const HELD_BELOW_RATE: f64 = 0.8;
 
 /// Whether a congestion control backs off on loss (all but BBR).
 pub fn loss_based(cc: &str) -> bool {
@@ -525,9 +542,12 @@ mod tests {
 
     #[test]
     fn losses_that_loss_based_channels_moved_far_more_through_are_not_random() {
-        // 0.1 % spread out leaves four channels at 60 ms about 30 Mbit/s (Mathis et al.).
-        let mathis = mathis_rate(1e-3, 4, 1448, 0.06);
+        // 0.1 % spread out leaves four channels at 60 ms about 30 Mbit/s (Reno's window,
+        // Mathis et al.); 0.01 % at 250 ms about 70 (cubic's, 3× Reno's).
+        let mathis = random_loss_rate(1e-3, 4, 1448, 0.06);
         assert!((mathis * 8e-6 - 29.8).abs() < 0.1, "{}", mathis * 8e-6);
+        let long = random_loss_rate(1e-4, 4, 1448, 0.25);
+        assert!((long * 8e-6 - 69.1).abs() < 0.5, "{}", long * 8e-6);
         let mut p = path(64.0, 1e-3, 64 << 20);
         // Path (d), 1 BDP with 0.1 % random loss: four cubic channels moved 28.5 Mbit/s.
         p.loss_based_goodput = Some((28.5e6 / 8.0, 4));
@@ -536,9 +556,27 @@ mod tests {
         // 0.08-0.13 % of the segments at 893 Mbit/s.
         p.loss_based_goodput = Some((893e6 / 8.0, 4));
         assert!(!p.lossy());
+        // 200 Mbit/s × 40 ms × 16 packets: 0.093 % at 161 Mbit/s, 3.5× what random loss
+        // would leave.
+        p.rtt = 0.04;
+        p.loss = 0.93e-3;
+        p.rate = Some(190.9e6 / 8.0);
+        p.loss_based_goodput = Some((161e6 / 8.0, 4));
+        assert!(!p.lossy());
         // Cubic's larger windows through random loss at a long RTT still count as random.
-        p.loss_based_goodput = Some((3.0 * mathis, 4));
+        p.rtt = 0.25;
+        p.loss = 1e-4 + 1e-9;
+        p.loss_based_goodput = Some((1.8 * long, 4));
         assert!(p.lossy());
+        // Path (d) again, with a meter that reached 149 Mbit/s before its first loss: four
+        // channels moved 70 Mbit/s, 2.4× what random loss leaves, but under half the rate.
+        p.rtt = 0.06;
+        p.loss = 1.02e-3;
+        p.rate = Some(149e6 / 8.0);
+        p.loss_based_goodput = Some((70e6 / 8.0, 4));
+        assert!(p.lossy());
+        p.loss_based_goodput = Some((0.85 * 149e6 / 8.0, 4));
+        assert!(!p.lossy());
         // BBR keeps its rate through random loss: the share decides alone.
         p.loss_based_goodput = None;
         assert!(p.lossy());
