@@ -299,7 +299,7 @@ async fn a_probe_of_an_older_server_says_to_upgrade_it() {
             port: addr.port(),
             auth: Auth::NoAuth,
             security: Default::default(),
-            budget: std::time::Duration::from_secs(10),
+            budget: None,
             direction: hsxfer::probe::Direction::Push,
             policy: Default::default(),
             mptcp: false,

@@ -32,7 +32,7 @@ def probe(
     *,
     port: int,
     token_file: Optional[str] = None,
-    budget: float = 10.0,
+    budget: Optional[float] = None,
     direction: str = "push",
     policy: str = "fair",
     save: bool = True,

@@ -383,18 +383,19 @@ fn bench_memory(
     finish(py, outcome)
 }
 
-/// `probe(host, …)`: measures the path and ranks configurations within `budget` seconds;
+/// `probe(host, …)`: measures the path and ranks configurations within `budget` seconds
+/// (`None`: 10, or the least the path needs where that is more);
 /// with `save`, keeps the profile for later copies to this server (as `hsxfer probe` does).
 /// Returns the report as JSON with `profile`, the saved file (or null).
 #[pyfunction]
-#[pyo3(signature = (host, *, port, token_file=None, budget=10.0, direction="push", policy="fair", save=true, encrypt=true, server_fingerprint=None, known_servers=None, mptcp=false))]
+#[pyo3(signature = (host, *, port, token_file=None, budget=None, direction="push", policy="fair", save=true, encrypt=true, server_fingerprint=None, known_servers=None, mptcp=false))]
 #[allow(clippy::too_many_arguments)] // the Python keywords, one by one
 fn probe(
     py: Python<'_>,
     host: String,
     port: u16,
     token_file: Option<PathBuf>,
-    budget: f64,
+    budget: Option<f64>,
     direction: &str,
     policy: &str,
     save: bool,
@@ -403,7 +404,7 @@ fn probe(
     known_servers: Option<PathBuf>,
     mptcp: bool,
 ) -> PyResult<String> {
-    if !(0.0..=86_400.0).contains(&budget) {
+    if let Some(budget) = budget.filter(|b| !(0.0..=86_400.0).contains(b)) {
         return Err(PyValueError::new_err(format!(
             "budget {budget} is out of range: use 0 to 86400 seconds"
         )));
@@ -412,7 +413,7 @@ fn probe(
         port,
         auth: auth(token_file)?,
         security: security(encrypt, server_fingerprint, known_servers)?,
-        budget: Duration::from_secs_f64(budget),
+        budget: budget.map(Duration::from_secs_f64),
         direction: named("direction", direction)?,
         policy: named("policy", policy)?,
         mptcp,

@@ -20,9 +20,10 @@ use hsxfer::units::fmt_bytes;
 #[derive(Args)]
 pub struct ProbeArgs {
     /// How long the probe may take in all (e.g. 10s, 30s); longer budgets try more
-    /// configurations and measure each longer.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = units::parse_duration)]
-    budget: Duration,
+    /// configurations and measure each longer. Default: 10s, or the least the path's RTT
+    /// needs for a first trial and two more where that is more (about 19s at 240 ms).
+    #[arg(long, value_name = "DURATION", value_parser = units::parse_duration)]
+    budget: Option<Duration>,
     /// Which way the copies to tune move data: push (client sends) or pull (server sends).
     #[arg(long, value_name = "push|pull", default_value = "push", value_parser = parse_direction)]
     direction: Direction,
@@ -74,10 +75,11 @@ pub async fn run(a: ProbeArgs) -> anyhow::Result<bool> {
     let show = |step: &ProbeStep| {
         if mode == Mode::Human {
             match step {
-                ProbeStep::Facts { rtt } => {
+                ProbeStep::Facts { rtt, budget } => {
                     eprintln!(
-                        "probe: rtt {:.2} ms, measuring the path …",
-                        rtt.as_secs_f64() * 1e3
+                        "probe: rtt {:.2} ms, measuring the path (within {:.1} s) …",
+                        rtt.as_secs_f64() * 1e3,
+                        budget.as_secs_f64()
                     )
                 }
                 ProbeStep::Path {

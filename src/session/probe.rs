@@ -39,6 +39,10 @@ use crate::tuning::probe::{
     Recommendation, Trial,
 };
 
+/// What a probe takes when not told: enough for a first trial and a few candidates on paths
+/// up to about 130 ms; longer paths get what their RTT needs ([`min_budget`]).
+pub const DEFAULT_BUDGET: Duration = Duration::from_secs(10);
+
 /// Channels of the first trial (the meter runs on the first of them).
 const FIRST_TRIAL_CHANNELS: u16 = 4;
 
@@ -51,8 +55,9 @@ pub struct ProbeOptions {
     pub auth: Auth,
     /// TLS or clear text, and which server keys are accepted.
     pub security: Security,
-    /// How long the whole probe may take.
-    pub budget: Duration,
+    /// How long the whole probe may take; `None` for [`DEFAULT_BUDGET`], or the least the
+    /// path's RTT needs ([`min_budget`]) where that is more.
+    pub budget: Option<Duration>,
     /// Which way data flows in the copies to tune.
     pub direction: Direction,
     /// Which congestion controls may be recommended.
@@ -70,6 +75,8 @@ pub enum ProbeStep {
     Facts {
         /// Round-trip time.
         rtt: Duration,
+        /// How long the whole probe may take.
+        budget: Duration,
     },
     /// The first trial measured the path.
     Path {
@@ -305,6 +312,23 @@ pub fn min_budget(rtt: Duration) -> Duration {
     Duration::from_secs_f64(first_trial_time(rtt) + 3.0 * setup + 2.0 * trial)
 }
 
+/// The budget of a probe on a path of round-trip time `rtt`: the one given, unless it is
+/// shorter than [`min_budget`]; else [`DEFAULT_BUDGET`], or the least the path needs where
+/// that is more (a fixed 10 s refused every path over about 127 ms).
+fn budget_for(given: Option<Duration>, rtt: Duration) -> Result<Duration> {
+    let need = min_budget(rtt);
+    match given {
+        Some(given) if given < need => Err(Error::Usage(format!(
+            "a probe budget of {:.1} s is too short for a path of {:.1} ms RTT: give a `budget` of {}s or more",
+            given.as_secs_f64(),
+            rtt.as_secs_f64() * 1e3,
+            need.as_secs_f64().ceil()
+        ))),
+        Some(given) => Ok(given),
+        None => Ok(DEFAULT_BUDGET.max(need)),
+    }
+}
+
 /// Measures the path to `host` and ranks configurations on it.
 pub async fn probe(
     host: &str,
@@ -321,23 +345,15 @@ pub async fn probe(
         ..Default::default()
     };
     let (server, rtt) = Client::new(host, base.clone()).server_facts().await?;
-    progress(&ProbeStep::Facts { rtt });
-    let need = min_budget(rtt);
-    if opts.budget < need {
-        return Err(Error::Usage(format!(
-            "a probe budget of {:.1} s is too short for a path of {:.1} ms RTT: give a `budget` of {}s or more",
-            opts.budget.as_secs_f64(),
-            rtt.as_secs_f64() * 1e3,
-            need.as_secs_f64().ceil()
-        )));
-    }
+    let budget = budget_for(opts.budget, rtt)?;
+    progress(&ProbeStep::Facts { rtt, budget });
     let local = host_facts()?;
     let (sender, receiver) = match opts.direction {
         Direction::Push => (&local, &server),
         Direction::Pull => (&server, &local),
     };
     let window_max = sender.send_buffer_max.min(receiver.receive_buffer_max) / 2;
-    let deadline = start + opts.budget;
+    let deadline = start + budget;
     let runner = Runner {
         host: host.to_string(),
         base: TransferOptions {
@@ -873,5 +889,18 @@ mod tests {
         let b = min_budget(Duration::from_millis(120)).as_secs_f64();
         assert!((b - 9.39).abs() < 0.01, "{b}");
         assert!(min_budget(Duration::from_millis(250)).as_secs_f64() > 10.0);
+    }
+
+    #[test]
+    fn an_untold_budget_grows_to_what_a_long_path_needs_and_a_told_one_is_checked() {
+        let ms = Duration::from_millis;
+        assert_eq!(budget_for(None, ms(60)).unwrap(), DEFAULT_BUDGET);
+        let long = budget_for(None, ms(250)).unwrap().as_secs_f64();
+        assert!((long - 19.15).abs() < 0.01, "{long}");
+        assert_eq!(budget_for(Some(ms(30_000)), ms(250)).unwrap(), ms(30_000));
+        let e = budget_for(Some(ms(10_000)), ms(250))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("give a `budget` of 20s or more"), "{e}");
     }
 }

@@ -3,7 +3,6 @@
 //! learned. `hsxfer copy --tune auto|probe|off` and the Python package's `tune=` both use it.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use super::client::{TransferOptions, Tune};
 use super::probe::{
@@ -14,9 +13,6 @@ use super::report::TransferReport;
 use crate::error::Result;
 use crate::fsio::profiles::{ProfileError, ProfileStore};
 use crate::tuning::probe::Direction;
-
-/// The budget of a probe run before a transfer.
-pub const PROBE_BUDGET: Duration = Duration::from_secs(10);
 
 /// The port a profile of a host reached through SSH is kept under: its one-shot servers'
 /// ports change every time.
@@ -99,7 +95,7 @@ pub async fn settle(
                 port: opts.port,
                 auth: opts.auth.clone(),
                 security: opts.security.clone(),
-                budget: PROBE_BUDGET,
+                budget: None,
                 direction,
                 policy: opts.policy,
                 mptcp: opts.mptcp,

@@ -482,7 +482,7 @@ fn report(
     warmup: f64,
 ) -> Report {
     let mut md = format!(
-        "# Tuning: probe and first copies against an exhaustive sweep\n\nEach sweep run is a {seconds} s `bench` with the flags shown, `--tune off` and `--buffer auto` (as copies size buffers; paced: `--pace auto --rate` the bottleneck, caps adding up to 0.97 × its goodput rate; unpaced: `--pace off`), measured after {warmup} s. The pick is what `hsxfer probe --json` (default 10 s budget, `--policy fair`) recommends, measured the same way. Copies push a {} file with no flags: the first with no profile (online tuning only), the second after the probe (its profile). Utilization = goodput / goodput ceiling.\n\n",
+        "# Tuning: probe and first copies against an exhaustive sweep\n\nEach sweep run is a {seconds} s `bench` with the flags shown, `--tune off` and `--buffer auto` (as copies size buffers; paced: `--pace auto --rate` the bottleneck, caps adding up to 0.97 × its goodput rate; unpaced: `--pace off`), measured after {warmup} s. The pick is what `hsxfer probe --json` (default budget: 10 s, or what the RTT needs where more; `--policy fair`) recommends, measured the same way. Copies push a {} file with no flags: the first with no profile (online tuning only), the second after the probe (its profile). Utilization = goodput / goodput ceiling.\n\n",
         if opts.quick { "256 MiB" } else { "2 GiB" }
     );
     if !skipped.is_empty() {
