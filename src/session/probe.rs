@@ -113,7 +113,7 @@ pub struct ProbeReport {
     pub rate_is_floor: bool,
     /// Bottleneck queue, packets: the RTT's inflation while the first trial's meter
     /// overfilled the queue ([`loaded_srtt`]) times the rate (a busy end host adds its own
-    /// delay to it); `None` when the meter did not fill the path, or a random loss ended it.
+    /// delay to it); `None` when the meter measured no rate, or a random loss ended it.
     pub queue_packets: Option<f64>,
     /// Whether `queue_packets` is only a floor: no loss showed the queue full before the
     /// meter stopped (a meter that stopped growing, or a deep queue).
@@ -121,8 +121,8 @@ pub struct ProbeReport {
     /// Share of segments the first trial retransmitted once it ran paced at the rate.
     pub loss: f64,
     /// Whether those losses look random (spread out, not a queue's overflow): more than one
-    /// in ten thousand, and, for loss-based channels, often enough to explain what they
-    /// moved ([`crate::tuning::probe::RANDOM_LOSS_SLACK`]).
+    /// in ten thousand, and, for loss-based channels, enough to explain what they moved
+    /// ([`PathFacts::lossy`]).
     pub loss_is_random: bool,
     /// Bytes one socket can keep in flight in this direction, as the hosts' limits allow.
     pub window_max: u64,
@@ -389,7 +389,7 @@ pub async fn probe(
         rtt: first.min_rtt.unwrap_or(rtt.as_secs_f64()),
         rate,
         reached: first.steady.goodput.max(first.peak),
-        // Only a meter that filled the path saw its queue: one that stopped growing saw none.
+        // A meter that stopped before the queue overflowed saw part of it: a floor.
         queue_packets: rate.map(|r| {
             (first.loaded.rtt - first.min_rtt.unwrap_or(0.0)).max(0.0) * r
                 / (mss + WIRE_OVERHEAD) as f64
@@ -620,8 +620,8 @@ const QUEUE_ROUNDS_AFTER_METER: f64 = 3.0;
 /// Later readings do not count: the channels then run paced below the rate, so the
 /// bottleneck's queue can only drain, and an RTT that still grows is the end hosts'. On
 /// 1 Gbit/s × 60 ms × 64 packets (0.8 ms of queue) the channels' RTT rose by up to 12 ms
-/// while paced at 98 % of the rate, and the 95th percentile over the whole trial, counted
-/// before, read a queue of 410–880 packets.
+/// while paced at 97–98.5 % of the rate, and the 95th percentile over the whole trial,
+/// counted before, read a queue of 92–878 packets.
 ///
 /// Only readings that carry a fresh RTT count: those of a channel that delivered since its
 /// previous reading, and more than [`SRTT_SETTLED_SEGMENTS`] in all. A waiting channel (for

@@ -11,9 +11,8 @@
 //!   as the BDP needs at that window, and twice that;
 //! - random loss ([`PathFacts::lossy`]: losses that explain what the channels moved) keeps
 //!   every loss-based window small (each channel gets about MSS/RTT × 1.22/√p, Mathis et
-//!   al.): more channels, unpaced (the
-//!   rate the meter saw is then what its channels reached, not the path's), and BBR under
-//!   `--policy fast`;
+//!   al.): more channels, unpaced (the rate the meter saw is then what its channels
+//!   reached, not the path's), and BBR under `--policy fast`;
 //! - otherwise the transfer's default and the loss-based congestion controls this host may
 //!   use, paced; cubic unpaced as the baseline a user gets elsewhere.
 //!
