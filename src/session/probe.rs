@@ -408,14 +408,15 @@ pub async fn probe(
         window_max,
         mss,
     };
-    if path.lossy() {
+    let random_loss = path.lossy();
+    if random_loss {
         // A random loss ended the meter before the queue filled (on 1 Gbit/s × 60 ms with a
         // 4,954-packet queue and 0.1 % loss it read 3-5 packets).
         path.queue_packets = None;
     }
     progress(&ProbeStep::Path {
         rate_bps: rate.map(|r| (r * 8.0) as u64),
-        random_loss: path.lossy(),
+        random_loss,
         plateau,
     });
     let usable = |cc: &str| sender.usable(cc);
@@ -495,11 +496,11 @@ pub async fn probe(
         direction: opts.direction,
         rtt_ms: path.rtt * 1e3,
         rate_bps: rate.map(|r| (r * 8.0) as u64),
-        rate_is_floor: rate.is_some() && (plateau || path.lossy()),
+        rate_is_floor: rate.is_some() && (plateau || random_loss),
         queue_packets: path.queue_packets,
         queue_is_floor: path.queue_packets.is_some() && path.queue_is_floor,
         loss: path.loss,
-        loss_is_random: path.lossy(),
+        loss_is_random: random_loss,
         window_max,
         server,
         flags: match opts.mptcp {
@@ -586,16 +587,17 @@ impl Runner {
             .bench(direction, BenchAmount::Seconds(secs), &live)
             .await?;
         let samples = live.telemetry.take_trace();
+        let min_rtt = samples
+            .iter()
+            .map(|s| s.tcp.min_rtt_us)
+            .filter(|us| *us > 0)
+            .min()
+            .map(|us| us as f64 / 1e6);
         Ok(Measured {
             steady: steady(&samples),
             peak: peak(&samples),
-            min_rtt: samples
-                .iter()
-                .map(|s| s.tcp.min_rtt_us)
-                .filter(|us| *us > 0)
-                .min()
-                .map(|us| us as f64 / 1e6),
-            loaded: loaded_srtt(&samples),
+            min_rtt,
+            loaded: loaded_srtt(&samples, min_rtt.unwrap_or(0.0)),
             mss: samples.iter().map(|s| s.tcp.mss).max().unwrap_or(0),
             cc: report.channels.first().and_then(|c| c.cc.clone()),
             tuner: report.tuning.online,
@@ -612,10 +614,11 @@ const SRTT_SETTLED_SEGMENTS: u32 = 100;
 /// excess reaches the queue, and its ACKs come back, within about two rounds.
 const QUEUE_ROUNDS_AFTER_METER: f64 = 3.0;
 
-/// The smoothed RTT under load, seconds: the highest any channel held over two fresh
-/// readings while the path was offered more than it carries, that is while the first channel
-/// metered alone (its meter ends at a loss, or once the queue grew the RTT by 15 %) and for
-/// [`QUEUE_ROUNDS_AFTER_METER`] rounds after another channel first delivered.
+/// The smoothed RTT under load (`base` is the minimum RTT, seconds): the highest any channel
+/// held over two fresh readings while the path was offered more than it carries, that is
+/// while the first channel metered alone (its meter ends at a loss, or once the queue grew
+/// the RTT by 15 %) and for [`QUEUE_ROUNDS_AFTER_METER`] rounds after another channel first
+/// delivered.
 ///
 /// Later readings do not count: the channels then run paced below the rate, so the
 /// bottleneck's queue can only drain, and an RTT that still grows is the end hosts'. On
@@ -633,14 +636,7 @@ const QUEUE_ROUNDS_AFTER_METER: f64 = 3.0;
 /// A loss in that span shows the queue overflowed, so the reading is its size; without one
 /// the meter stopped before it filled (a plateau, or a deep queue that grew the RTT by 15 %
 /// first), and the reading is only a floor.
-fn loaded_srtt(samples: &[Sample]) -> Loaded {
-    let base = samples
-        .iter()
-        .map(|s| s.tcp.min_rtt_us)
-        .filter(|us| *us > 0)
-        .min()
-        .unwrap_or(0) as f64
-        / 1e6;
+fn loaded_srtt(samples: &[Sample], base: f64) -> Loaded {
     let mut delivered: HashMap<u16, u32> = HashMap::new();
     let mut previous: HashMap<u16, u32> = HashMap::new();
     let mut meter_end: Option<f64> = None;
@@ -853,13 +849,10 @@ mod tests {
             };
             let mut b = sample(k as f64 * 0.01, 1, 200 + 10 * k.saturating_sub(50), 0);
             b.tcp.rtt_us = if k <= 50 { 45_000 } else { 40_500 };
-            for x in [&mut a, &mut b] {
-                x.tcp.min_rtt_us = 40_000;
-            }
             s.push(a);
             s.push(b);
         }
-        let loaded = |s: &[Sample]| loaded_srtt(s).rtt * 1e3;
+        let loaded = |s: &[Sample]| loaded_srtt(s, 0.04).rtt * 1e3;
         assert!((loaded(&s) - 41.0).abs() < 1e-6, "{}", loaded(&s));
         // The meter's excess still queued in the rounds after it: 42 ms held by channel 1
         // within three rounds (0.12 s) of its first delivery counts.
@@ -873,20 +866,20 @@ mod tests {
             x.tcp.rtt_us = 50_000;
         }
         assert!((loaded(&s) - 42.0).abs() < 1e-6, "{}", loaded(&s));
-        assert_eq!(loaded_srtt(&[]).rtt, 0.0);
+        assert_eq!(loaded_srtt(&[], 0.0).rtt, 0.0);
 
         // No loss while the path was overfilled: the queue did not overflow, and the
         // reading is a floor. A loss after those rounds does not change that; one within
         // them does.
-        assert!(!loaded_srtt(&s).overflowed);
+        assert!(!loaded_srtt(&s, 0.04).overflowed);
         for x in &mut s[2 * 100..] {
             x.tcp.total_retrans = 3;
         }
-        assert!(!loaded_srtt(&s).overflowed);
+        assert!(!loaded_srtt(&s, 0.04).overflowed);
         for x in &mut s[2 * 49..] {
             x.tcp.total_retrans = 3;
         }
-        assert!(loaded_srtt(&s).overflowed);
+        assert!(loaded_srtt(&s, 0.04).overflowed);
     }
 
     #[test]
