@@ -18,6 +18,7 @@ use crate::tuning::bdp::{self, Direction};
 use crate::tuning::bundled::{self, group::DmcGroup, inspect::GuardBaseline};
 use crate::tuning::models::dmctcp;
 use crate::tuning::online::{OnlineTuner, TunerConfig};
+use crate::tuning::probe::loss_based;
 use crate::tuning::registry;
 use crate::tuning::sysctl::BufferLimits;
 
@@ -113,8 +114,7 @@ pub fn online_tuner(t: &Tuning, channels: u16) -> Option<OnlineTuner> {
 /// unless `--policy fair` rules it out for not backing off on loss (BBR); then cubic, or
 /// Reno, which every Linux host may use.
 pub fn policy_cc(policy: Policy, host_default: &str, usable: impl Fn(&str) -> bool) -> String {
-    let loss_based = !host_default.starts_with("bbr");
-    if policy == Policy::Fast || loss_based {
+    if policy == Policy::Fast || loss_based(host_default) {
         return host_default.to_string();
     }
     ["cubic", "reno"]

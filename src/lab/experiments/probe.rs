@@ -18,6 +18,7 @@ use super::{choose_ccs, describe, lateness, pct, OwnedLab, Report, RunOptions};
 use crate::lab::flows::FlowSpec;
 use crate::lab::topology::{on_path, SERVER_PORT};
 use crate::lab::{Host, Lab, LabError, LabSpec, QueueSize};
+use crate::tuning::probe::loss_based;
 
 /// Congestion controls of the sweep (those registered on the host).
 const SWEEP_CCS: &[&str] = &["cubic", "reno", "dmctcp", "htcp", "bbr"];
@@ -527,7 +528,7 @@ fn report(
         let best = |fair: bool| {
             o.rows
                 .iter()
-                .filter(|r| !fair || !r.cc.starts_with("bbr"))
+                .filter(|r| !fair || loss_based(&r.cc))
                 .max_by(|a, b| a.goodput_bps.total_cmp(&b.goodput_bps))
         };
         let line = |r: Option<&Row>| {
