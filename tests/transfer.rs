@@ -254,6 +254,39 @@ async fn bench_moves_exactly_the_requested_bytes_both_ways() {
     );
 }
 
+/// A timed bench ends at its time, whatever its sockets still hold. Paced at 4 Mbit/s per
+/// channel into 4 MiB socket buffers, a 1 s bench used to deliver everything it had announced
+/// first: its generated files were sized by how fast the sockets took data, and it ran for
+/// minutes.
+#[tokio::test]
+async fn a_timed_bench_ends_on_time_however_much_its_sockets_hold() {
+    let root = tempfile::tempdir().unwrap();
+    let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
+    isolate_profiles();
+    for dir in [BenchDirection::Upload, BenchDirection::Download] {
+        let client = hsxfer::Client::new(
+            &addr.ip().to_string(),
+            hsxfer::TransferOptions {
+                channels: 2,
+                max_channels: 2,
+                port: addr.port(),
+                tune: hsxfer::Tune::Off,
+                buffer: hsxfer::tuning::bdp::BufferChoice::Fixed(4 << 20),
+                pace: hsxfer::tuning::desync::PaceChoice::Fixed(500_000),
+                block_size: hsxfer::tuning::defaults::TIMED_BENCH_BLOCK,
+                ..Default::default()
+            },
+        );
+        let counters = live(2);
+        let bench = client.bench(dir, BenchAmount::Seconds(1.0), &counters);
+        let r = tokio::time::timeout(std::time::Duration::from_secs(10), bench)
+            .await
+            .unwrap_or_else(|_| panic!("{dir:?}: a 1 s bench ran past 10 s"))
+            .unwrap();
+        assert!(r.verified && r.bytes > 0, "{dir:?}: {r:?}");
+    }
+}
+
 /// A server that answers the handshake and pings as an older hsxfer does, and closes the
 /// connection on any other message (it cannot decode the probe's request for its facts).
 async fn older_server() -> std::net::SocketAddr {

@@ -18,7 +18,7 @@ use super::Digest;
 pub const MAX_CONTROL_FRAME: u32 = 16 << 20;
 
 /// Protocol version carried in every request; a server refuses versions it does not speak.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// Bytes of the MAC after every control frame.
 pub const TAG_LEN: usize = 16;
@@ -102,6 +102,18 @@ pub enum Message {
         /// File identifier.
         file: u32,
     },
+    /// Sender → receiver, in a timed bench: its time is up. Blocks not yet delivered and
+    /// files not yet done are abandoned (generated data is discarded anyway), so the bench
+    /// ends on time however much its sockets still hold. The receiver stops reading its data
+    /// channels and answers with [`Message::Halted`]. Refused outside a bench.
+    TimeUp,
+    /// Receiver → sender: the answer to [`Message::TimeUp`]; the data channels are closed.
+    Halted {
+        /// Payload bytes of the blocks the receiver read whole on each data channel, in
+        /// channel order: what the bench moved (the sender wrote more, into sockets whose
+        /// data is now dropped).
+        received: Vec<u64>,
+    },
     /// Either side: the session failed; the text says why. The connection closes after it.
     Abort {
         /// Human-readable reason.
@@ -127,6 +139,8 @@ impl Message {
             Message::Sealed { .. } => "block digests",
             Message::Nack { .. } => "a block resend request",
             Message::FileDone { .. } => "a file's completion",
+            Message::TimeUp => "the end of a timed bench",
+            Message::Halted { .. } => "the answer to the end of a timed bench",
             Message::Abort { .. } => "an abort",
         }
     }
@@ -536,6 +550,10 @@ mod tests {
             Message::AddChannels { count: 2 },
             Message::OpenChannels { first: 4, count: 2 },
             Message::FileDone { file: 1 },
+            Message::TimeUp,
+            Message::Halted {
+                received: vec![1, 2],
+            },
             Message::Abort {
                 message: "disk full".into(),
             },

@@ -472,8 +472,9 @@ struct BenchArgs {
     /// Amount of data to move (e.g. 10G).
     #[arg(long, value_name = "SIZE", value_parser = units::parse_size, conflicts_with = "time")]
     size: Option<u64>,
-    /// Seconds to run (default 10 when --size is not given). Timed, the data goes in 64 KiB
-    /// blocks unless --block-size says otherwise, so a slow path ends close to the time.
+    /// Seconds to run (default 10 when --size is not given). The bench ends then: what the
+    /// sockets still hold is dropped, and only blocks that arrived whole count. Timed, the
+    /// data goes in 64 KiB blocks unless --block-size says otherwise.
     #[arg(long, value_name = "SECS")]
     time: Option<f64>,
     /// Server sends, client receives (default: client sends).

@@ -21,8 +21,7 @@ use hsxfer::units::fmt_bytes;
 pub struct ProbeArgs {
     /// How long the probe may take in all (e.g. 10s, 30s); longer budgets try more
     /// configurations and measure each longer. Default: 10s, or the least the path's RTT
-    /// needs for a first trial and two more where that is more (about 19s at 240 ms), and
-    /// room for two more after a first trial that ran long (through random loss).
+    /// needs for a first trial and two more where that is more (about 19s at 240 ms).
     #[arg(long, value_name = "DURATION", value_parser = units::parse_duration)]
     budget: Option<Duration>,
     /// Which way the copies to tune move data: push (client sends) or pull (server sends).

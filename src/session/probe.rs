@@ -11,7 +11,8 @@
 //!
 //! Every trial is a `bench` session, so it measures exactly what a copy would do (framing,
 //! integrity checks and all); goodput is taken from the sending sockets' `TCP_INFO` over the
-//! second half of each trial, after the ramp-up.
+//! second half of each trial, after the ramp-up. A trial ends at its time: what its sockets
+//! still hold is dropped (`Message::TimeUp`), not delivered first.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -56,8 +57,7 @@ pub struct ProbeOptions {
     /// TLS or clear text, and which server keys are accepted.
     pub security: Security,
     /// How long the whole probe may take; `None` for [`DEFAULT_BUDGET`], or the least the
-    /// path's RTT needs ([`min_budget`]) where that is more, and room for two candidates
-    /// after a first trial that ran long.
+    /// path's RTT needs ([`min_budget`]) where that is more.
     pub budget: Option<Duration>,
     /// Which way data flows in the copies to tune.
     pub direction: Direction,
@@ -354,7 +354,7 @@ pub async fn probe(
         Direction::Pull => (&server, &local),
     };
     let window_max = sender.send_buffer_max.min(receiver.receive_buffer_max) / 2;
-    let mut deadline = start + budget;
+    let deadline = start + budget;
     let runner = Runner {
         host: host.to_string(),
         base: TransferOptions {
@@ -442,18 +442,10 @@ pub async fn probe(
     }
 
     // Successive halving over the rest of the budget. A trial is taken to cost the least a
-    // session can, until one has been timed, then the most any took: set-up, the data
-    // announced before its time was up, and the session's end grow with the RTT.
+    // session can, until one has been timed, then the most any took: its set-up and end
+    // grow with the RTT.
     let (secs, setup) = trial_times(path.rtt);
     let mut cost = Duration::from_secs_f64(secs + setup);
-    if opts.budget.is_none() {
-        // Untold, the budget leaves room for two candidates after a first trial that ran
-        // long. Through random loss a timed bench completes what it announced at the rate
-        // its meter reached: on 1 Gbit/s × 60 ms at 0.1 % the first trial took 7-9 s of the
-        // 10, and the probe recommended that trial's own configuration, paced at the meter's
-        // rate, which moved a tenth of what 16 unpaced channels did.
-        deadline = deadline.max(Instant::now() + 2 * cost);
-    }
     let mut first_round = true;
     'rounds: while !pool.is_empty() {
         for config in pool.clone() {

@@ -222,6 +222,12 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                                     return Err(Violation("unasked OpenChannels".into()).into())
                                 }
                             },
+                            Message::TimeUp if matches!(self.sink, Sink::Discard) => {
+                                self.halt(tasks).await?;
+                                out.files = self.live.files_done();
+                                out.verified = true;
+                                return Ok(out);
+                            }
                             Message::Abort { message } => {
                                 return Err(Error::PeerAborted(message))
                             }
@@ -288,6 +294,16 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         finish_dirs(scope, dirs).await?;
         out.verified = true;
         Ok(out)
+    }
+
+    /// Stops reading at the end of a timed bench ([`Message::TimeUp`]): the channels close
+    /// (unread data resets them, so the sender's sockets drop what they still hold), and the
+    /// sender learns what arrived on each.
+    async fn halt(&mut self, tasks: &mut JoinSet<Result<()>>) -> Result<()> {
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+        let received = self.live.channel_bytes();
+        self.ctrl_w.send(&Message::Halted { received }).await
     }
 
     /// Handles a verdict: a complete file joins the next group to commit; damaged blocks are

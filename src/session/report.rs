@@ -87,6 +87,22 @@ impl LiveStats {
         self.add(i, bytes);
     }
 
+    /// Lowers each channel's count to what the receiver read on it (`received`, in channel
+    /// order; a channel it does not name read nothing): a timed bench that ended at its time
+    /// dropped what its sockets still held.
+    pub fn settle(&self, received: &[u64]) {
+        for (i, c) in self
+            .channels
+            .read()
+            .expect("live counters lock")
+            .iter()
+            .enumerate()
+        {
+            let got = received.get(i).copied().unwrap_or(0);
+            c.fetch_min(got, Ordering::Relaxed);
+        }
+    }
+
     /// Payload bytes per channel so far.
     pub fn channel_bytes(&self) -> Vec<u64> {
         self.channels

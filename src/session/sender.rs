@@ -187,6 +187,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
         let mut arrivals = Arrivals::take(&mut self.growth);
         let period = self.forward_telemetry.unwrap_or(Duration::from_secs(3600));
         let mut report = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        let time_up = self.source.time_up_at().map(tokio::time::Instant::from_std);
         loop {
             for piece in announced.take_ready(&mut self.source, &self.live) {
                 self.ctrl_w.send(&piece).await?;
@@ -259,6 +260,12 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                     let batch = self.live.telemetry.take_batch(false);
                     self.ctrl_w.send(&Message::Telemetry(batch)).await?;
                 }
+                _ = sleep_until_some(time_up) => {
+                    self.end_at_time(crew, tasks).await?;
+                    out.files = done;
+                    out.verified = true;
+                    return Ok(out);
+                }
             }
         }
         out.files = announced.files;
@@ -267,6 +274,38 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
         out.files_skipped = announced.files - done;
         out.verified = true;
         Ok(out)
+    }
+
+    /// Ends a timed bench at its time ([`Message::TimeUp`]): no more blocks go out, and
+    /// once the receiver has stopped reading, the channels close with whatever their
+    /// sockets still hold. The counters keep what the receiver read, not what was written.
+    async fn end_at_time(&mut self, crew: &Crew, tasks: &mut JoinSet<Result<()>>) -> Result<()> {
+        while crew.jobs.try_recv().is_ok() {}
+        self.ctrl_w.send(&Message::TimeUp).await?;
+        loop {
+            tokio::select! {
+                msg = self.ctrl_r.expect() => match msg? {
+                    Message::Halted { received } => break self.live.settle(&received),
+                    Message::Abort { message } => return Err(Error::PeerAborted(message)),
+                    // Sent before the receiver saw the end: nothing is owed any more.
+                    _ => {}
+                },
+                // The receiver closes its channels when it stops reading: they may end first.
+                Some(_) = tasks.join_next() => {}
+                e = stopped(&mut self.stop) => return Err(e),
+            }
+        }
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+        Ok(())
+    }
+}
+
+/// Resolves at `at`, or never without one.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
     }
 }
 
