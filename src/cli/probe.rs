@@ -173,7 +173,8 @@ fn queue(packets: Option<f64>, floor: bool) -> String {
 fn loss(share: f64, random: bool) -> String {
     let pct = share * 100.0;
     match (share > 0.0, random) {
-        (false, _) => "no loss".into(),
+        (false, true) => "a random loss ended the meter (it came alone)".into(),
+        (false, false) => "no loss".into(),
         (true, true) => format!("random loss {pct:.3} %"),
         (true, false) => format!("loss {pct:.3} % (at the queue, not random)"),
     }
@@ -243,6 +244,7 @@ mod tests {
     #[test]
     fn losses_say_whether_they_look_random() {
         assert_eq!(loss(0.0, false), "no loss");
+        assert!(loss(0.0, true).contains("random loss ended the meter"));
         assert_eq!(loss(0.001, true), "random loss 0.100 %");
         assert_eq!(
             loss(0.00076, false),

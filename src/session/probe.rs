@@ -6,7 +6,8 @@
 //!    connection of their own.
 //! 2. A transfer tuned online: its meter gives the bottleneck rate; its samples the RTT
 //!    without queueing, the queue (the RTT's inflation while the meter overfilled it) and
-//!    random loss (retransmissions while paced below the rate).
+//!    random loss (a loss that ended the meter alone, or retransmissions while paced below
+//!    the rate).
 //! 3. The candidates share the rest of the budget by successive halving.
 //!
 //! Every trial is a `bench` session, so it measures exactly what a copy would do (framing,
@@ -405,6 +406,7 @@ pub async fn probe(
             .as_deref()
             .filter(|cc| loss_based(cc))
             .map(|_| (first.steady.goodput, FIRST_TRIAL_CHANNELS)),
+        meter_losses: first.meter_losses,
         window_max,
         mss,
     };
@@ -520,6 +522,8 @@ struct Measured {
     min_rtt: Option<f64>,
     /// The RTT under load ([`loaded_srtt`]).
     loaded: Loaded,
+    /// The meter's first loss and what came with it ([`meter_losses`]).
+    meter_losses: Option<u32>,
     mss: u32,
     cc: Option<String>,
     tuner: Option<TunerReport>,
@@ -590,6 +594,7 @@ impl Runner {
             peak: peak(&samples),
             min_rtt,
             loaded: loaded_srtt(&samples, min_rtt.unwrap_or(0.0)),
+            meter_losses: meter_losses(&samples, min_rtt.unwrap_or(0.0)),
             mss: samples.iter().map(|s| s.tcp.mss).max().unwrap_or(0),
             cc: report.channels.first().and_then(|c| c.cc.clone()),
             tuner: report.tuning.online,
@@ -657,6 +662,37 @@ fn loaded_srtt(samples: &[Sample], base: f64) -> Loaded {
         rtt: loaded as f64 / 1e6,
         overflowed,
     }
+}
+
+/// Rounds after the meter's first loss whose retransmissions count with it: slow start's
+/// overflow of a queue shows within a round, and its retransmissions within the next.
+const METER_LOSS_ROUNDS: f64 = 2.0;
+
+/// Segments the meter's channel (0) retransmitted from its first loss to
+/// [`METER_LOSS_ROUNDS`] rounds (of the minimum RTT `base`) later, if that loss came while it
+/// metered alone, before another channel delivered; `None` for a meter that ended without a
+/// loss ([`tuning::probe::lone_losses`](crate::tuning::probe::lone_losses) reads them).
+fn meter_losses(samples: &[Sample], base: f64) -> Option<u32> {
+    let mut delivered: HashMap<u16, u32> = HashMap::new();
+    let mut metering = true;
+    let mut first: Option<f64> = None;
+    let mut losses = 0;
+    for s in samples {
+        let before = delivered.insert(s.channel, s.tcp.delivered);
+        if s.channel != 0 {
+            metering &= before.is_none_or(|b| s.tcp.delivered <= b);
+            continue;
+        }
+        match first {
+            None if s.tcp.total_retrans == 0 && metering => continue,
+            None if metering => first = Some(s.t),
+            None => return None,
+            Some(at) if s.t > at + METER_LOSS_ROUNDS * base => break,
+            Some(_) => {}
+        }
+        losses = s.tcp.total_retrans;
+    }
+    first.map(|_| losses)
 }
 
 /// The RTT while the first trial overfilled the path ([`loaded_srtt`]).
@@ -872,6 +908,36 @@ mod tests {
             x.tcp.total_retrans = 3;
         }
         assert!(loaded_srtt(&s, 0.04).overflowed);
+    }
+
+    #[test]
+    fn the_meters_losses_count_from_its_first_over_two_rounds() {
+        // Channel 0 meters alone until t = 0.5 s, channel 1 delivers from then; 60 ms RTT.
+        let trial = |retrans: &dyn Fn(u32) -> u32| -> Vec<Sample> {
+            (0..150u32)
+                .flat_map(|k| {
+                    let t = k as f64 * 0.01;
+                    [
+                        sample(t, 0, 10 + 20 * k, retrans(k)),
+                        sample(t, 1, 5 + 20 * k.saturating_sub(50), 0),
+                    ]
+                })
+                .collect()
+        };
+        // A queue's overflow: 37 at once at 0.3 s, 60 more a round later, none after.
+        let overflow = trial(&|k| match k {
+            0..30 => 0,
+            30..36 => 37,
+            _ => 97,
+        });
+        assert_eq!(meter_losses(&overflow, 0.06), Some(97));
+        // Random loss: one at 0.3 s, one a round later, and later ones that do not count.
+        let random = trial(&|k| (k >= 30) as u32 + (k >= 36) as u32 + (k >= 45) as u32);
+        assert_eq!(meter_losses(&random, 0.06), Some(2));
+        // A loss only once the other channels run did not end the meter.
+        let late = trial(&|k| (k >= 60) as u32);
+        assert_eq!(meter_losses(&late, 0.06), None);
+        assert_eq!(meter_losses(&trial(&|_| 0), 0.06), None);
     }
 
     #[test]

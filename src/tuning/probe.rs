@@ -9,10 +9,11 @@
 //!   their own bursts (Antony et al. 2003; Cui 2013 ch. 4): only paced configurations;
 //! - a socket buffer cap below the per-channel share of the BDP means more channels: as many
 //!   as the BDP needs at that window, and twice that;
-//! - random loss ([`PathFacts::lossy`]: losses that explain what the channels moved) keeps
-//!   every loss-based window small (each channel gets about MSS/RTT × 1.22/√p, Mathis et
-//!   al.): more channels, unpaced (the rate the meter saw is then what its channels
-//!   reached, not the path's), and BBR under `--policy fast`;
+//! - random loss ([`PathFacts::lossy`]: a meter's loss that came alone, or losses that
+//!   explain what the channels moved) keeps every loss-based window small (each channel
+//!   gets about MSS/RTT × 1.22/√p, Mathis et al.): more channels, unpaced (the rate the
+//!   meter saw is then what its channels reached, not the path's), and BBR under
+//!   `--policy fast`;
 //! - otherwise the transfer's default and the loss-based congestion controls this host may
 //!   use, paced; cubic unpaced as the baseline a user gets elsewhere.
 //!
@@ -62,6 +63,9 @@ pub struct PathFacts {
     /// many they were, when their congestion control backs off on loss (`None` for BBR,
     /// which random loss does not hold back).
     pub loss_based_goodput: Option<(f64, u16)>,
+    /// Segments the meter's channel retransmitted from its first loss to two rounds later,
+    /// if a loss ended the meter ([`lone_losses`] reads them).
+    pub meter_losses: Option<u32>,
     /// Whether a host's window held the meter's channel back (the rate stayed unknown).
     pub window_limited: bool,
     /// Bytes one socket can have in flight in this direction: half the smaller of the
@@ -87,16 +91,18 @@ impl PathFacts {
                 .is_some_and(|q| q * packet < 0.1 * self.bdp())
     }
 
-    /// Whether losses come without congestion: more than [`random_loss`] allows, and, for
-    /// loss-based channels, often enough to explain what they moved ([`RANDOM_LOSS_SLACK`])
-    /// or holding them well below the rate the path carried ([`HELD_BELOW_RATE`]).
+    /// Whether losses come without congestion: the meter's loss came alone ([`lone_losses`]),
+    /// or, once paced, the channels lost more than [`random_loss`] allows and, for loss-based
+    /// channels, often enough to explain what they moved ([`RANDOM_LOSS_SLACK`]) or to hold
+    /// them well below the rate the path carried ([`HELD_BELOW_RATE`]).
     pub fn lossy(&self) -> bool {
-        random_loss(self.loss)
-            && self.loss_based_goodput.is_none_or(|(goodput, channels)| {
-                let spread = random_loss_rate(self.loss, channels, self.mss, self.rtt);
-                goodput <= RANDOM_LOSS_SLACK * spread
-                    || self.rate.is_some_and(|r| goodput < HELD_BELOW_RATE * r)
-            })
+        self.meter_losses.is_some_and(lone_losses)
+            || random_loss(self.loss)
+                && self.loss_based_goodput.is_none_or(|(goodput, channels)| {
+                    let spread = random_loss_rate(self.loss, channels, self.mss, self.rtt);
+                    goodput <= RANDOM_LOSS_SLACK * spread
+                        || self.rate.is_some_and(|r| goodput < HELD_BELOW_RATE * r)
+                })
     }
 
     /// Channels the hosts' socket buffers need for the whole BDP, with 20 % to spare; when a
@@ -114,6 +120,21 @@ impl PathFacts {
 /// in ten thousand.
 pub fn random_loss(loss: f64) -> bool {
     loss > 1e-4
+}
+
+/// Most segments the meter's channel may retransmit over the two rounds after its first loss
+/// for that loss to count as random ([`lone_losses`]).
+pub const LONE_LOSSES_MAX: u32 = 8;
+
+/// Whether the meter's first loss, with `retransmitted` segments over the two rounds from it,
+/// came alone, so it was random: a queue overflows under slow start's growth by tens to
+/// hundreds of segments at once (37–471 on 1 Gbit/s × 60 ms × 64 packets, 389–403 on
+/// 200 Mbit/s × 40 ms × 16 packets), while 0.1 % of random loss took 4 from a window of
+/// 1,700 segments. Such a loss ends the meter early, at any rate (3.5–334 Mbit/s on a
+/// 1 Gbit/s path), and channels paced at that rate then lose too little in a trial of
+/// seconds to show it.
+pub fn lone_losses(retransmitted: u32) -> bool {
+    retransmitted <= LONE_LOSSES_MAX
 }
 
 /// What `channels` loss-based channels can move through random loss of share `loss`, bytes/s:
@@ -469,6 +490,7 @@ mod tests {
             queue_is_floor: false,
             loss,
             loss_based_goodput: None,
+            meter_losses: Some(200),
             window_limited: false,
             window_max,
             mss: 1448,
@@ -580,6 +602,25 @@ mod tests {
         p.loss_based_goodput = None;
         assert!(p.lossy());
         p.loss = 5e-5;
+        assert!(!p.lossy());
+    }
+
+    #[test]
+    fn a_meter_ended_by_a_lone_loss_met_random_loss() {
+        // Path (d): 0.1 % random loss ended the meter at 4.9 Mbit/s, with 4 segments
+        // retransmitted, and four channels paced there lost nothing in the trial.
+        let mut p = path(0.0, 0.0, 64 << 20);
+        p.rate = Some(4.9e6 / 8.0);
+        p.loss_based_goodput = Some((4.8e6 / 8.0, 4));
+        p.meter_losses = Some(4);
+        assert!(p.lossy());
+        let c = candidates(&p, &all, "cubic", Policy::Fair);
+        assert!(c.iter().any(|c| !c.paced && c.channels >= 16), "{c:?}");
+        // A queue's overflow under slow start: 37 at once on path (a).
+        p.meter_losses = Some(37);
+        assert!(!p.lossy());
+        // A meter that ended without a loss says nothing of it.
+        p.meter_losses = None;
         assert!(!p.lossy());
     }
 
