@@ -205,8 +205,8 @@ def bench(
 ) -> Dict[str, Any]:
     """Memory to memory through the whole protocol, like ``hsxfer bench``: ``bytes`` or
     ``seconds`` (one of them; default 10 s) of generated data, ``direction`` ``"upload"`` or
-    ``"download"``. Encryption as for :func:`copy`. Returns the report, as :func:`copy`
-    does."""
+    ``"download"``. A timed bench ends at its time and counts what arrived by then.
+    Encryption as for :func:`copy`. Returns the report, as :func:`copy` does."""
     options = _options(
         channels, port, token_file, block_size, cc, rate, pace, tune, policy, mptcp,
         mptcp_paths, encrypt, server_fingerprint, known_servers,

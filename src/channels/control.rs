@@ -109,9 +109,8 @@ pub enum Message {
     TimeUp,
     /// Receiver → sender: the answer to [`Message::TimeUp`]; the data channels are closed.
     Halted {
-        /// Payload bytes of the blocks the receiver read whole on each data channel, in
-        /// channel order: what the bench moved (the sender wrote more, into sockets whose
-        /// data is now dropped).
+        /// Payload bytes the receiver read on each data channel, in channel order: what the
+        /// bench moved (the sender wrote more, into sockets whose data is now dropped).
         received: Vec<u64>,
     },
     /// Either side: the session failed; the text says why. The connection closes after it.

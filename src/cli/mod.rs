@@ -473,8 +473,8 @@ struct BenchArgs {
     #[arg(long, value_name = "SIZE", value_parser = units::parse_size, conflicts_with = "time")]
     size: Option<u64>,
     /// Seconds to run (default 10 when --size is not given). The bench ends then: what the
-    /// sockets still hold is dropped, and only blocks that arrived whole count. Timed, the
-    /// data goes in 64 KiB blocks unless --block-size says otherwise.
+    /// sockets still hold is dropped, and only what arrived counts. Timed, the data goes in
+    /// 64 KiB blocks unless --block-size says otherwise.
     #[arg(long, value_name = "SECS")]
     time: Option<f64>,
     /// Server sends, client receives (default: client sends).

@@ -592,8 +592,11 @@ impl ChannelReceiver {
                 (block, s.targets.get(&h.file).cloned())
             };
             buf.clear();
-            let got = read_payload(&mut self.stream, h.len, &mut buf, &self.key).await?;
-            self.live.add(self.index, h.len as u64);
+            let (live, index) = (&self.live, self.index);
+            let got = read_payload(&mut self.stream, h.len, &mut buf, &self.key, |n| {
+                live.add(index, n)
+            })
+            .await?;
             // A block no longer wanted (a duplicate, or for a committed file) is dropped even if
             // damaged: asking for it again would be a request for a finished file.
             let verdict = if !lock(&self.shared).tracker.wants(h.file, block) {

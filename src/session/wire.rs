@@ -216,12 +216,14 @@ pub struct Received {
 }
 
 /// Reads `len` payload bytes into `buf` (appended, no zero-filling) and the trailer, hashing
-/// the bytes in batches as they arrive, while they are still in cache.
+/// the bytes in batches as they arrive, while they are still in cache; `arrived` counts
+/// them as they come (a timed bench that ends mid-block counts what came of it).
 pub async fn read_payload<R: AsyncRead + Unpin>(
     r: &mut R,
     len: u32,
     buf: &mut BytesMut,
     key: &DigestKey,
+    mut arrived: impl FnMut(u64),
 ) -> Result<Received> {
     let start = buf.len();
     let end = start + len as usize;
@@ -230,8 +232,9 @@ pub async fn read_payload<R: AsyncRead + Unpin>(
     let mut hashed = start;
     while buf.len() < end {
         let want = (end - buf.len()).min(PIECE) as u64;
-        if (&mut *r).take(want).read_buf(buf).await.map_err(closed)? == 0 {
-            return Err(Error::PeerVanished);
+        match (&mut *r).take(want).read_buf(buf).await.map_err(closed)? {
+            0 => return Err(Error::PeerVanished),
+            n => arrived(n as u64),
         }
         if buf.len() - hashed >= HASH_BATCH || buf.len() == end {
             check.update(&buf[hashed..]);
