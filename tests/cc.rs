@@ -325,7 +325,7 @@ fn each_bundled_cc_fills_a_bottleneck_ten_times_and_cuts_as_its_model() {
             // 2.5 s: the goodput bound is over the whole flow, slow start and first cut
             // included. Flows of 2 s with 1 MiB blocks used to run on at the full rate while
             // they delivered the generated data they had announced: 2.34-2.51 s in all (cubic,
-            // 3 runs). Now a flow ends at its time, and htcp once moved 79.0 Mbit/s in 2.02 s.
+            // 3 runs). Now a flow ends at its time.
             let spec = FlowSpec::new(cc, channels, 2.5);
             let r = lab.run_flow(&spec).unwrap();
             assert_eq!(

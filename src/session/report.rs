@@ -87,10 +87,11 @@ impl LiveStats {
         self.add(i, bytes);
     }
 
-    /// Lowers each channel's count to what the receiver read on it (`received`, in channel
+    /// Sets each channel's count to what the receiver read on it (`received`, in channel
     /// order; a channel it does not name read nothing): a timed bench that ended at its time
-    /// dropped what its sockets still held.
-    pub fn settle(&self, received: &[u64]) {
+    /// dropped what its sockets still held. A sender counts a block once all of it is
+    /// written, so the receiver may have read up to one more `block` than that, never more.
+    pub fn settle(&self, received: &[u64], block: u64) {
         for (i, c) in self
             .channels
             .read()
@@ -99,7 +100,8 @@ impl LiveStats {
             .enumerate()
         {
             let got = received.get(i).copied().unwrap_or(0);
-            c.fetch_min(got, Ordering::Relaxed);
+            let most = c.load(Ordering::Relaxed) + block;
+            c.store(got.min(most), Ordering::Relaxed);
         }
     }
 
@@ -432,5 +434,24 @@ mod tests {
             vec![4, 3, 3]
         );
         assert_eq!(share_by_acked(7, &[None, None]), vec![7, 0]);
+    }
+
+    #[test]
+    fn a_bench_cut_at_its_time_counts_what_the_receiver_read() {
+        // Three channels wrote 8, 8 and 4 MiB of whole 4 MiB blocks; the receiver read 5 MiB,
+        // 10 MiB (the block being written when the bench ended: 2 MiB of it), and claims
+        // 20 MiB on the third, more than a block past what was written.
+        let live = LiveStats::new(3);
+        for (i, mib) in [8u64, 8, 4].into_iter().enumerate() {
+            live.add(i, mib << 20);
+        }
+        live.settle(&[5 << 20, 10 << 20, 20 << 20], 4 << 20);
+        assert_eq!(live.channel_bytes(), vec![5 << 20, 10 << 20, 8 << 20]);
+        live.settle(&[1], 4 << 20);
+        assert_eq!(
+            live.channel_bytes(),
+            vec![1, 0, 0],
+            "a channel not named read nothing"
+        );
     }
 }

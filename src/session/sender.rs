@@ -278,14 +278,14 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
 
     /// Ends a timed bench at its time ([`Message::TimeUp`]): no more blocks go out, and
     /// once the receiver has stopped reading, the channels close with whatever their
-    /// sockets still hold. The counters keep what the receiver read, not what was written.
+    /// sockets still hold. The counters take what the receiver read, not what was written.
     async fn end_at_time(&mut self, crew: &Crew, tasks: &mut JoinSet<Result<()>>) -> Result<()> {
         while crew.jobs.try_recv().is_ok() {}
         self.ctrl_w.send(&Message::TimeUp).await?;
-        loop {
+        let received = loop {
             tokio::select! {
                 msg = self.ctrl_r.expect() => match msg? {
-                    Message::Halted { received } => break self.live.settle(&received),
+                    Message::Halted { received } => break received,
                     Message::Abort { message } => return Err(Error::PeerAborted(message)),
                     // Sent before the receiver saw the end: nothing is owed any more.
                     _ => {}
@@ -294,9 +294,10 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                 Some(_) = tasks.join_next() => {}
                 e = stopped(&mut self.stop) => return Err(e),
             }
-        }
+        };
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
+        self.live.settle(&received, self.block_size.into());
         Ok(())
     }
 }
