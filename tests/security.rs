@@ -382,14 +382,43 @@ fn bench_request(
     }
 }
 
+/// A bench upload of `seconds` and a push into `dest` with the same settings.
+fn upload_and_push(dest: &str, seconds: f64) -> [hsxfer::channels::control::Request; 2] {
+    use hsxfer::channels::control::{BenchDirection, Operation, Request};
+    let upload = bench_request(BenchDirection::Upload, seconds);
+    let push = Request {
+        op: Operation::Push {
+            dest: dest.into(),
+            sources: 1,
+        },
+        ..upload.clone()
+    };
+    [upload, push]
+}
+
+/// Opens a session with `request`, which the server must accept, and joins its one data
+/// channel; returns the session and the channel, which must stay open while it runs.
+async fn accepted(
+    addr: std::net::SocketAddr,
+    request: hsxfer::channels::control::Request,
+) -> (Opened, Stream) {
+    use hsxfer::channels::control::Message;
+    let (s, answer) = ask(addr, request).await;
+    assert!(matches!(answer, Message::Accepted { .. }), "{answer:?}");
+    let mut data = open(addr).await;
+    hsxfer::session::handshake::client_join(&mut data, &s.key, s.session, 0, "t")
+        .await
+        .unwrap();
+    (s, data)
+}
+
 /// Values a client sends that would panic a task in a timer or a duration conversion, and a
 /// manifest entry of 2^63 bytes whose block table would abort the process, are refused or
 /// cost nothing; the server goes on serving.
 #[tokio::test]
 async fn hostile_values_in_a_request_or_manifest_end_only_their_session() {
-    use hsxfer::channels::control::{self, BenchDirection, Message, Operation, PROTOCOL_VERSION};
+    use hsxfer::channels::control::{BenchDirection, Message, Operation, PROTOCOL_VERSION};
     use hsxfer::channels::manifest::{Entry, EntryKind};
-    use hsxfer::session::handshake;
     let root = tempfile::tempdir().unwrap();
     let src = tempfile::tempdir().unwrap();
     random_file(&src.path().join("f"), 1 << 20, 4);
@@ -416,22 +445,9 @@ async fn hostile_values_in_a_request_or_manifest_end_only_their_session() {
 
     // A file of 2^63 bytes announced into a bench upload (discarded: nothing on disk refuses
     // it, so the receiver plans it) and into a push (the file system refuses it).
-    let upload = bench_request(BenchDirection::Upload, 1.0);
-    let push = control::Request {
-        op: Operation::Push {
-            dest: "huge".into(),
-            sources: 1,
-        },
-        ..upload.clone()
-    };
-    for request in [upload, push] {
+    for request in upload_and_push("huge", 1.0) {
         let pushing = matches!(request.op, Operation::Push { .. });
-        let (mut s, accepted) = ask(addr, request).await;
-        assert!(matches!(accepted, Message::Accepted { .. }), "{accepted:?}");
-        let mut data = open(addr).await;
-        handshake::client_join(&mut data, &s.key, s.session, 0, "t")
-            .await
-            .unwrap();
+        let (mut s, _data) = accepted(addr, request).await;
         let manifest = Message::Manifest {
             entries: vec![Entry {
                 id: 0,
@@ -464,21 +480,8 @@ async fn hostile_values_in_a_request_or_manifest_end_only_their_session() {
         (vec![300], "more than 256"),
         (vec![256, 256, 256, 256, 1], "more than 1024 files"),
     ] {
-        let (mut s, _) = ask(
-            addr,
-            control::Request {
-                op: Operation::Push {
-                    dest: "many".into(),
-                    sources: 1,
-                },
-                ..bench_request(BenchDirection::Upload, 1.0)
-            },
-        )
-        .await;
-        let mut data = open(addr).await;
-        handshake::client_join(&mut data, &s.key, s.session, 0, "t")
-            .await
-            .unwrap();
+        let [_, push] = upload_and_push("many", 1.0);
+        let (mut s, _data) = accepted(addr, push).await;
         let mut next = 1;
         for (i, &count) in pieces.iter().enumerate() {
             let dir = Entry {
@@ -527,27 +530,13 @@ async fn hostile_values_in_a_request_or_manifest_end_only_their_session() {
 /// committed.
 #[tokio::test]
 async fn only_a_bench_may_end_before_its_files_are_done() {
-    use hsxfer::channels::control::{self, BenchDirection, Message, Operation};
+    use hsxfer::channels::control::{Message, Operation};
     use hsxfer::channels::manifest::{Entry, EntryKind};
-    use hsxfer::session::handshake;
     let root = tempfile::tempdir().unwrap();
     let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
-    let upload = bench_request(BenchDirection::Upload, 60.0);
-    let push = control::Request {
-        op: Operation::Push {
-            dest: "cut".into(),
-            sources: 1,
-        },
-        ..upload.clone()
-    };
-    for request in [upload, push] {
+    for request in upload_and_push("cut", 60.0) {
         let pushing = matches!(request.op, Operation::Push { .. });
-        let (mut s, accepted) = ask(addr, request).await;
-        assert!(matches!(accepted, Message::Accepted { .. }), "{accepted:?}");
-        let mut data = open(addr).await;
-        handshake::client_join(&mut data, &s.key, s.session, 0, "t")
-            .await
-            .unwrap();
+        let (mut s, _data) = accepted(addr, request).await;
         let file = Entry {
             id: 0,
             path: "cut".into(),
