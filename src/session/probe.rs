@@ -121,9 +121,9 @@ pub struct ProbeReport {
     pub queue_is_floor: bool,
     /// Share of segments the first trial retransmitted once it ran paced at the rate.
     pub loss: f64,
-    /// Whether those losses look random (spread out, not a queue's overflow): more than one
-    /// in ten thousand, and, for loss-based channels, enough to explain what they moved
-    /// ([`PathFacts::lossy`]).
+    /// Whether the losses look random (spread out, not a queue's overflow): the loss that
+    /// ended the meter came alone, or those above were more than one in ten thousand and,
+    /// for loss-based channels, enough to explain what they moved ([`PathFacts::lossy`]).
     pub loss_is_random: bool,
     /// Bytes one socket can keep in flight in this direction, as the hosts' limits allow.
     pub window_max: u64,

@@ -130,7 +130,7 @@ pub const LONE_LOSSES_MAX: u32 = 8;
 /// came alone, so it was random: a queue overflows under slow start's growth by tens to
 /// hundreds of segments at once (37–471 on 1 Gbit/s × 60 ms × 64 packets, 389–403 on
 /// 200 Mbit/s × 40 ms × 16 packets), while 0.1 % of random loss took 4 from a window of
-/// 1,700 segments. Such a loss ends the meter early, at any rate (3.5–334 Mbit/s on a
+/// 1,700 segments. Such a loss ends the meter early, at any rate (1.4–334 Mbit/s on a
 /// 1 Gbit/s path), and channels paced at that rate then lose too little in a trial of
 /// seconds to show it.
 pub fn lone_losses(retransmitted: u32) -> bool {
