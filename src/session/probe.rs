@@ -589,12 +589,13 @@ impl Runner {
             .filter(|us| *us > 0)
             .min()
             .map(|us| us as f64 / 1e6);
+        let base = min_rtt.unwrap_or(0.0);
         Ok(Measured {
             steady: steady(&samples),
             peak: peak(&samples),
             min_rtt,
-            loaded: loaded_srtt(&samples, min_rtt.unwrap_or(0.0)),
-            meter_losses: meter_losses(&samples, min_rtt.unwrap_or(0.0)),
+            loaded: loaded_srtt(&samples, base),
+            meter_losses: meter_losses(&samples, base),
             mss: samples.iter().map(|s| s.tcp.mss).max().unwrap_or(0),
             cc: report.channels.first().and_then(|c| c.cc.clone()),
             tuner: report.tuning.online,
@@ -634,23 +635,18 @@ const QUEUE_ROUNDS_AFTER_METER: f64 = 3.0;
 /// the meter stopped before it filled (a plateau, or a deep queue that grew the RTT by 15 %
 /// first), and the reading is only a floor.
 fn loaded_srtt(samples: &[Sample], base: f64) -> Loaded {
+    let until =
+        meter_end(samples).map_or(f64::INFINITY, |end| end + QUEUE_ROUNDS_AFTER_METER * base);
     let mut delivered: HashMap<u16, u32> = HashMap::new();
     let mut previous: HashMap<u16, u32> = HashMap::new();
-    let mut meter_end: Option<f64> = None;
     let (mut loaded, mut overflowed) = (0, false);
-    for s in samples {
-        if meter_end.is_some_and(|end| s.t > end + QUEUE_ROUNDS_AFTER_METER * base) {
-            continue;
-        }
+    for s in samples.iter().take_while(|s| s.t <= until) {
         overflowed |= s.tcp.total_retrans > 0;
         let Some(before) = delivered.insert(s.channel, s.tcp.delivered) else {
             continue;
         };
         if s.tcp.delivered <= before {
             continue;
-        }
-        if s.channel != 0 && meter_end.is_none() {
-            meter_end = Some(s.t);
         }
         if s.tcp.delivered > SRTT_SETTLED_SEGMENTS {
             if let Some(p) = previous.insert(s.channel, s.tcp.rtt_us) {
@@ -673,26 +669,25 @@ const METER_LOSS_ROUNDS: f64 = 2.0;
 /// metered alone, before another channel delivered; `None` for a meter that ended without a
 /// loss ([`tuning::probe::lone_losses`](crate::tuning::probe::lone_losses) reads them).
 fn meter_losses(samples: &[Sample], base: f64) -> Option<u32> {
+    let end = meter_end(samples).unwrap_or(f64::INFINITY);
+    let mut meter = samples.iter().filter(|s| s.channel == 0);
+    let first = meter
+        .find(|s| s.tcp.total_retrans > 0)
+        .filter(|s| s.t <= end)?;
+    let until = first.t + METER_LOSS_ROUNDS * base;
+    let later = meter.take_while(|s| s.t <= until).last();
+    Some(later.unwrap_or(first).tcp.total_retrans)
+}
+
+/// When the first trial's meter ended: the first reading in which a channel other than the
+/// meter's (0) had delivered since its previous one (the others wait for the meter); `None`
+/// if none did.
+fn meter_end(samples: &[Sample]) -> Option<f64> {
     let mut delivered: HashMap<u16, u32> = HashMap::new();
-    let mut metering = true;
-    let mut first: Option<f64> = None;
-    let mut losses = 0;
-    for s in samples {
-        let before = delivered.insert(s.channel, s.tcp.delivered);
-        if s.channel != 0 {
-            metering &= before.is_none_or(|b| s.tcp.delivered <= b);
-            continue;
-        }
-        match first {
-            None if s.tcp.total_retrans == 0 && metering => continue,
-            None if metering => first = Some(s.t),
-            None => return None,
-            Some(at) if s.t > at + METER_LOSS_ROUNDS * base => break,
-            Some(_) => {}
-        }
-        losses = s.tcp.total_retrans;
-    }
-    first.map(|_| losses)
+    samples.iter().find_map(|s| {
+        let before = delivered.insert(s.channel, s.tcp.delivered)?;
+        (s.channel != 0 && s.tcp.delivered > before).then_some(s.t)
+    })
 }
 
 /// The RTT while the first trial overfilled the path ([`loaded_srtt`]).
