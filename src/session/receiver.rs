@@ -300,8 +300,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
     /// (unread data resets them, so the sender's sockets drop what they still hold), and the
     /// sender learns what arrived on each.
     async fn halt(&mut self, tasks: &mut JoinSet<Result<()>>) -> Result<()> {
-        tasks.abort_all();
-        while tasks.join_next().await.is_some() {}
+        tasks.shutdown().await;
         let received = self.live.channel_bytes();
         self.ctrl_w.send(&Message::Halted { received }).await
     }

@@ -295,8 +295,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                 e = stopped(&mut self.stop) => return Err(e),
             }
         };
-        tasks.abort_all();
-        while tasks.join_next().await.is_some() {}
+        tasks.shutdown().await;
         self.live.settle(&received, self.block_size.into());
         Ok(())
     }
