@@ -108,8 +108,9 @@ struct Outcome {
     probe: Option<Value>,
     probe_error: Option<String>,
     pick_bps: Option<f64>,
-    first_copy_bps: Option<f64>,
-    profiled_copy_bps: Option<f64>,
+    /// The copies' `--json` reports: with no profile, and after the probe.
+    first_copy: Option<Value>,
+    profiled_copy: Option<Value>,
     /// `globus-url-copy -fast -p 8` with the sending host's default congestion control set to
     /// each of these, in that order.
     gridftp_bps: Vec<(String, Result<f64, String>)>,
@@ -218,11 +219,11 @@ fn run_case(
     let token = lab.0.state.token_file.to_string_lossy().into_owned();
     let cache = lab.0.dir().join("cache");
     let _ = std::fs::remove_dir_all(&cache);
-    let first_copy_bps = copy(&lab.0, file, &server, &token).ok();
+    let first_copy = copy(&lab.0, file, &server, &token).ok();
     log(&format!(
         "probe ({}): first copy, no flags, no profile: {}",
         case.tag,
-        mbit(first_copy_bps)
+        mbit(goodput(&first_copy))
     ));
     let _ = std::fs::remove_dir_all(&cache);
     let (probe, probe_error) = match hsxfer_json(
@@ -233,7 +234,7 @@ fn run_case(
         Err(e) => (None, Some(e.to_string())),
     };
     let mut pick_bps = None;
-    let mut profiled_copy_bps = None;
+    let mut profiled_copy = None;
     if let Some(p) = &probe {
         let rec = &p["recommendation"];
         log(&format!(
@@ -255,12 +256,12 @@ fn run_case(
                 .extend(["--pace", "auto", "--rate", &wire_rate].map(String::from));
         }
         pick_bps = lab.0.run_flow(&flow).ok().map(|r| r.goodput_after(warmup));
-        profiled_copy_bps = copy(&lab.0, file, &server, &token).ok();
+        profiled_copy = copy(&lab.0, file, &server, &token).ok();
         log(&format!(
             "probe ({}): pick measured {}, copy after the probe {}",
             case.tag,
             mbit(pick_bps),
-            mbit(profiled_copy_bps)
+            mbit(goodput(&profiled_copy))
         ));
     }
     let mut gridftp_bps = Vec::new();
@@ -288,8 +289,8 @@ fn run_case(
         probe,
         probe_error,
         pick_bps,
-        first_copy_bps,
-        profiled_copy_bps,
+        first_copy,
+        profiled_copy,
         gridftp_bps,
         lateness: lateness(&lab.0),
     })
@@ -338,8 +339,10 @@ fn hsxfer_json(lab: &Lab, args: &[&str]) -> Result<Value, LabError> {
     }
 }
 
-/// A copy with no flags (a profile is used if the lab's cache holds one); its goodput.
-fn copy(lab: &Lab, file: &Path, server: &str, token: &str) -> Result<f64, LabError> {
+/// A copy with no flags (a profile is used if the lab's cache holds one); its `--json`
+/// report, kept whole so that a slow copy can be explained after the run (the tuner's
+/// decisions, each channel's retransmits).
+fn copy(lab: &Lab, file: &Path, server: &str, token: &str) -> Result<Value, LabError> {
     let v = hsxfer_json(
         lab,
         &[
@@ -352,7 +355,14 @@ fn copy(lab: &Lab, file: &Path, server: &str, token: &str) -> Result<f64, LabErr
         ],
     )?;
     let _ = std::fs::remove_file(lab.dir().join("data").join("probe-copy.bin"));
-    Ok(v["goodput_bps"].as_f64().unwrap_or(0.0))
+    Ok(v)
+}
+
+/// A copy's goodput, from its report.
+fn goodput(report: &Option<Value>) -> Option<f64> {
+    report
+        .as_ref()
+        .map(|v| v["goodput_bps"].as_f64().unwrap_or(0.0))
 }
 
 /// Pushes `file` with `globus-url-copy -fast -p 8` to a GridFTP server on the receiver, with
@@ -576,13 +586,14 @@ fn report(
                 )
             }
         }
+        let (first, profiled) = (goodput(&o.first_copy), goodput(&o.profiled_copy));
         md += &format!(
             "- **First copy, no flags, no profile**: {} = {}, {}.\n- **Copy after the probe, no flags**: {} = {}.\n",
-            mbit(o.first_copy_bps),
-            o.first_copy_bps.map_or("–".into(), u),
-            ratio(o.first_copy_bps),
-            mbit(o.profiled_copy_bps),
-            o.profiled_copy_bps.map_or("–".into(), u),
+            mbit(first),
+            first.map_or("–".into(), u),
+            ratio(first),
+            mbit(profiled),
+            profiled.map_or("–".into(), u),
         );
         for (cc, g) in &o.gridftp_bps {
             md += &match g {
@@ -590,7 +601,7 @@ fn report(
                     "- **GridFTP** `globus-url-copy -fast -p 8`, same file, sending host's default {cc}: {:.1} Mbit/s = {}; the copy after the probe is {}× that.\n",
                     b / 1e6,
                     u(*b),
-                    o.profiled_copy_bps
+                    profiled
                         .map_or("–".into(), |c| format!("{:.2}", c / b))
                 ),
                 Err(e) => format!("- **GridFTP** (default {cc}) not run: {e}\n"),
@@ -610,8 +621,10 @@ fn report(
             "probe": o.probe,
             "probe_error": o.probe_error,
             "pick_goodput_bps": o.pick_bps,
-            "first_copy_goodput_bps": o.first_copy_bps,
-            "profiled_copy_goodput_bps": o.profiled_copy_bps,
+            "first_copy_goodput_bps": goodput(&o.first_copy),
+            "profiled_copy_goodput_bps": goodput(&o.profiled_copy),
+            "first_copy": o.first_copy,
+            "profiled_copy": o.profiled_copy,
             "gridftp_bps": o.gridftp_bps.iter().map(|(cc, g)| json!({
                 "host_default_cc": cc, "goodput_bps": g.as_ref().ok(), "error": g.as_ref().err(),
             })).collect::<Vec<_>>(),
