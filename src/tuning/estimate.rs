@@ -166,21 +166,20 @@ impl PathEstimator {
     /// on 1 Gbit/s × 60 ms × 64 packets, windows of 0.44 s read 933 ± 6.7 Mbit/s this way
     /// (never above the caps' 935) and 933 ± 14.5 (up to 989) from the delivered counts.
     pub fn delivery_rate_since(&self, since: f64) -> Option<f64> {
-        let means: Vec<f64> = self
-            .tracks
-            .iter()
-            .filter_map(|tr| {
-                let samples: Vec<u64> = tr
-                    .rate_history
-                    .iter()
-                    .filter(|(t, _)| *t >= since)
-                    .map(|(_, r)| *r)
-                    .collect();
-                (!samples.is_empty())
-                    .then(|| samples.iter().sum::<u64>() as f64 / samples.len() as f64)
-            })
-            .collect();
-        (!means.is_empty()).then(|| means.iter().sum())
+        let mut total = None;
+        for tr in &self.tracks {
+            // Called every tick over up to 30 s of history: walk back over the span asked for.
+            let (sum, n) = tr
+                .rate_history
+                .iter()
+                .rev()
+                .take_while(|(t, _)| *t >= since)
+                .fold((0u64, 0u64), |(sum, n), (_, r)| (sum + r, n + 1));
+            if n > 0 {
+                *total.get_or_insert(0.0) += sum as f64 / n as f64;
+            }
+        }
+        total
     }
 
     /// Whether channel i has run out of data: it delivered before, nothing over the last
