@@ -1,7 +1,8 @@
 //! The tuning benchmark (`hsxfer lab run probe`): on five emulated paths, an exhaustive sweep
 //! of congestion control × channels × pacing, then what `hsxfer probe` picks and how long it
 //! takes, the pick measured as the sweep measures, a first 2 GiB copy with no flags and no
-//! profile, and a copy with no flags after the probe. On the tiny-queue path, GridFTP's
+//! profile, the same copy with the flags of the sweep's best run, and a copy with no flags
+//! after the probe. On the tiny-queue path, GridFTP's
 //! `globus-url-copy -fast -p 8` pushes the same file when it is installed.
 //!
 //! The paths: (a) 1 Gbit/s × 60 ms × 64 packets, (b) 1 Gbit/s × 20 ms × 1 BDP, (c) 500 Mbit/s
@@ -99,6 +100,12 @@ struct Row {
     retransmits: u64,
 }
 
+/// The sweep's best loss-based configuration run as a copy.
+struct BestCopy {
+    flags: Vec<String>,
+    report: Option<Value>,
+}
+
 /// What one path gave.
 struct Outcome {
     tag: &'static str,
@@ -111,6 +118,9 @@ struct Outcome {
     /// The copies' `--json` reports: with no profile, and after the probe.
     first_copy: Option<Value>,
     profiled_copy: Option<Value>,
+    /// The same copy with the flags of the sweep's best loss-based run: the reference a first
+    /// copy is held to, since it pays the same start-up, file reads and writes as the copy.
+    best_copy: Option<BestCopy>,
     /// `globus-url-copy -fast -p 8` with the sending host's default congestion control set to
     /// each of these, in that order.
     gridftp_bps: Vec<(String, Result<f64, String>)>,
@@ -182,14 +192,7 @@ fn run_case(
         for &n in channels {
             for paced in [false, true] {
                 let mut flow = FlowSpec::new(cc, n, seconds);
-                // Buffers as a copy sizes them, so the sweep and the copies compare.
-                flow.extra = ["--tune", "off", "--buffer", "auto"]
-                    .map(String::from)
-                    .to_vec();
-                if paced {
-                    flow.extra
-                        .extend(["--pace", "auto", "--rate", &wire_rate].map(String::from));
-                }
+                flow.extra = sweep_flags(paced, &wire_rate);
                 let r = match lab.0.run_flow(&flow) {
                     Ok(r) => r,
                     Err(e) => {
@@ -219,12 +222,30 @@ fn run_case(
     let token = lab.0.state.token_file.to_string_lossy().into_owned();
     let cache = lab.0.dir().join("cache");
     let _ = std::fs::remove_dir_all(&cache);
-    let first_copy = copy(&lab.0, file, &server, &token).ok();
+    let first_copy = copy(&lab.0, file, &server, &token, &[]).ok();
     log(&format!(
         "probe ({}): first copy, no flags, no profile: {}",
         case.tag,
         mbit(goodput(&first_copy))
     ));
+    let best_copy = fair_best(&rows).map(|best| {
+        let mut flags = sweep_flags(best.paced, &wire_rate);
+        flags.extend([
+            "--cc".into(),
+            best.cc.clone(),
+            "-n".into(),
+            best.channels.to_string(),
+        ]);
+        let args: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let report = copy(&lab.0, file, &server, &token, &args).ok();
+        log(&format!(
+            "probe ({}): the sweep's best as a copy ({}): {}",
+            case.tag,
+            flags.join(" "),
+            mbit(goodput(&report))
+        ));
+        BestCopy { flags, report }
+    });
     let _ = std::fs::remove_dir_all(&cache);
     let (probe, probe_error) = match hsxfer_json(
         &lab.0,
@@ -248,15 +269,9 @@ fn run_case(
             rec["channels"].as_u64().unwrap_or(4) as u16,
             seconds,
         );
-        flow.extra = ["--tune", "off", "--buffer", "auto"]
-            .map(String::from)
-            .to_vec();
-        if rec["pace_bps"].is_u64() {
-            flow.extra
-                .extend(["--pace", "auto", "--rate", &wire_rate].map(String::from));
-        }
+        flow.extra = sweep_flags(rec["pace_bps"].is_u64(), &wire_rate);
         pick_bps = lab.0.run_flow(&flow).ok().map(|r| r.goodput_after(warmup));
-        profiled_copy = copy(&lab.0, file, &server, &token).ok();
+        profiled_copy = copy(&lab.0, file, &server, &token, &[]).ok();
         log(&format!(
             "probe ({}): pick measured {}, copy after the probe {}",
             case.tag,
@@ -291,9 +306,32 @@ fn run_case(
         pick_bps,
         first_copy,
         profiled_copy,
+        best_copy,
         gridftp_bps,
         lateness: lateness(&lab.0),
     })
+}
+
+/// The flags every sweep run takes besides its congestion control and channel count: buffers
+/// as a copy sizes them, so that the sweep and the copies compare; paced runs are capped from
+/// the bottleneck's rate.
+fn sweep_flags(paced: bool, wire_rate: &str) -> Vec<String> {
+    let mut flags = ["--tune", "off", "--buffer", "auto"]
+        .map(String::from)
+        .to_vec();
+    if paced {
+        flags.extend(["--pace", "auto", "--rate", wire_rate].map(String::from));
+    } else {
+        flags.extend(["--pace", "off"].map(String::from));
+    }
+    flags
+}
+
+/// The sweep's best run under `--policy fair` (loss-based congestion controls only).
+fn fair_best(rows: &[Row]) -> Option<&Row> {
+    rows.iter()
+        .filter(|r| loss_based(&r.cc))
+        .max_by(|a, b| a.goodput_bps.total_cmp(&b.goodput_bps))
 }
 
 fn mbit(b: Option<f64>) -> String {
@@ -339,21 +377,22 @@ fn hsxfer_json(lab: &Lab, args: &[&str]) -> Result<Value, LabError> {
     }
 }
 
-/// A copy with no flags (a profile is used if the lab's cache holds one); its `--json`
-/// report, kept whole so that a slow copy can be explained after the run (the tuner's
-/// decisions, each channel's retransmits).
-fn copy(lab: &Lab, file: &Path, server: &str, token: &str) -> Result<Value, LabError> {
-    let v = hsxfer_json(
-        lab,
-        &[
-            "copy",
-            "--json",
-            "--token-file",
-            token,
-            &file.to_string_lossy(),
-            &format!("{server}:probe-copy.bin"),
-        ],
-    )?;
+/// A copy with `flags` (with none, a profile is used if the lab's cache holds one); its
+/// `--json` report, kept whole so that a slow copy can be explained after the run (the
+/// tuner's decisions, each channel's retransmits).
+fn copy(
+    lab: &Lab,
+    file: &Path,
+    server: &str,
+    token: &str,
+    flags: &[&str],
+) -> Result<Value, LabError> {
+    let source = file.to_string_lossy();
+    let dest = format!("{server}:probe-copy.bin");
+    let mut args = vec!["copy", "--json", "--token-file", token];
+    args.extend_from_slice(flags);
+    args.extend([source.as_ref(), dest.as_str()]);
+    let v = hsxfer_json(lab, &args)?;
     let _ = std::fs::remove_file(lab.dir().join("data").join("probe-copy.bin"));
     Ok(v)
 }
@@ -493,7 +532,7 @@ fn report(
     warmup: f64,
 ) -> Report {
     let mut md = format!(
-        "# Tuning: probe and first copies against an exhaustive sweep\n\nEach sweep run is a {seconds} s `bench` with the flags shown, `--tune off` and `--buffer auto` (as copies size buffers; paced: `--pace auto --rate` the bottleneck, caps adding up to 0.97 × its goodput rate; unpaced: `--pace off`), measured after {warmup} s. The pick is what `hsxfer probe --json` (default budget: 10 s, or what the RTT needs where more; `--policy fair`) recommends, measured the same way. Copies push a {} file with no flags: the first with no profile (online tuning only), the second after the probe (its profile). Utilization = goodput / goodput ceiling.\n\n",
+        "# Tuning: probe and first copies against an exhaustive sweep\n\nEach sweep run is a {seconds} s `bench` with the flags shown, `--tune off` and `--buffer auto` (as copies size buffers; paced: `--pace auto --rate` the bottleneck, caps adding up to 0.97 × its goodput rate; unpaced: `--pace off`), measured after {warmup} s. The pick is what `hsxfer probe --json` (default budget: 10 s, or what the RTT needs where more; `--policy fair`) recommends, measured the same way. Copies push a {} file with no flags: the first with no profile (online tuning only), the second after the probe (its profile). A third copy takes the flags of the sweep's best loss-based run: it pays what the first copy pays (connecting, ramping up, reading and writing the file), which a sweep run measured after its warm-up does not. Utilization = goodput / goodput ceiling.\n\n",
         if opts.quick { "256 MiB" } else { "2 GiB" }
     );
     if !skipped.is_empty() {
@@ -535,12 +574,10 @@ fn report(
                 md += "\n";
             }
         }
-        let best = |fair: bool| {
-            o.rows
-                .iter()
-                .filter(|r| !fair || loss_based(&r.cc))
-                .max_by(|a, b| a.goodput_bps.total_cmp(&b.goodput_bps))
-        };
+        let any_best = o
+            .rows
+            .iter()
+            .max_by(|a, b| a.goodput_bps.total_cmp(&b.goodput_bps));
         let line = |r: Option<&Row>| {
             r.map_or("–".into(), |r| {
                 format!(
@@ -554,10 +591,10 @@ fn report(
         };
         md += &format!(
             "\nBest of the sweep: {} (fair: loss-based only); {} (any).\n\n",
-            line(best(true)),
-            line(best(false))
+            line(fair_best(&o.rows)),
+            line(any_best)
         );
-        let fair_best = best(true).map(|r| r.goodput_bps);
+        let fair_best = fair_best(&o.rows).map(|r| r.goodput_bps);
         let ratio = |x: Option<f64>| match (x, fair_best) {
             (Some(x), Some(b)) if b > 0.0 => format!("{:.2} of the best", x / b),
             _ => "–".into(),
@@ -587,14 +624,27 @@ fn report(
             }
         }
         let (first, profiled) = (goodput(&o.first_copy), goodput(&o.profiled_copy));
+        let best_copy = o.best_copy.as_ref().and_then(|b| goodput(&b.report));
         md += &format!(
-            "- **First copy, no flags, no profile**: {} = {}, {}.\n- **Copy after the probe, no flags**: {} = {}.\n",
+            "- **First copy, no flags, no profile**: {} = {}, {}; {}.\n- **Copy after the probe, no flags**: {} = {}.\n",
             mbit(first),
             first.map_or("–".into(), u),
             ratio(first),
+            match (first, best_copy) {
+                (Some(f), Some(b)) if b > 0.0 => format!("{:.2} of the best as a copy", f / b),
+                _ => "– of the best as a copy".into(),
+            },
             mbit(profiled),
             profiled.map_or("–".into(), u),
         );
+        if let Some(b) = &o.best_copy {
+            md += &format!(
+                "- **The sweep's best as a copy** (`{}`): {} = {}.\n",
+                b.flags.join(" "),
+                mbit(best_copy),
+                best_copy.map_or("–".into(), u),
+            );
+        }
         for (cc, g) in &o.gridftp_bps {
             md += &match g {
                 Ok(b) => format!(
@@ -623,8 +673,11 @@ fn report(
             "pick_goodput_bps": o.pick_bps,
             "first_copy_goodput_bps": goodput(&o.first_copy),
             "profiled_copy_goodput_bps": goodput(&o.profiled_copy),
+            "best_copy_goodput_bps": best_copy,
+            "best_copy_flags": o.best_copy.as_ref().map(|b| &b.flags),
             "first_copy": o.first_copy,
             "profiled_copy": o.profiled_copy,
+            "best_copy": o.best_copy.as_ref().map(|b| &b.report),
             "gridftp_bps": o.gridftp_bps.iter().map(|(cc, g)| json!({
                 "host_default_cc": cc, "goodput_bps": g.as_ref().ok(), "error": g.as_ref().err(),
             })).collect::<Vec<_>>(),
