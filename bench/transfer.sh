@@ -39,6 +39,8 @@ Options:
   --quick             smoke check: 1 run, 256M big file, 1000 small files, 3 s bench
                       (explicit flags override the --quick values)
   --out FILE          also write the results as JSON to FILE
+  --clear             hsxfer in clear text at both ends (`--no-encrypt`), as iperf3 and
+                      GridFTP run here; hsxfer still authenticates and verifies every block
   --perf              wrap every client run (hsxfer and reference) in
                       `perf stat -e task-clock,context-switches` and report client CPU-s/GB
   --anon-user USER    unprivileged user the GridFTP server maps anonymous logins to
@@ -56,7 +58,7 @@ EOF
 
 # ----------------------------------------------------------------------------- options
 RUNS=""; BIG_SIZE=""; SMALL_COUNT=""; BENCH_TIME=""; STREAMS=8; ONLY="a,b,c,d"
-QUICK=0; OUT=""; PERF=0; ANON_USER=""; KEEP=0; STRICT=0
+QUICK=0; OUT=""; PERF=0; CLEAR_ARGS=(); ANON_USER=""; KEEP=0; STRICT=0
 SMALL_FILE_SIZE=65536; SMALL_SIZE_ARG=""
 SMALL_CC=4   # globus-url-copy -cc for the small-files test (per the benchmark spec)
 
@@ -76,6 +78,7 @@ while [[ $# -gt 0 ]]; do
         --quick)        QUICK=1; shift ;;
         --out)          OUT=${2:?--out needs a value}; shift 2 ;;
         --perf)         PERF=1; shift ;;
+        --clear)        CLEAR_ARGS=(--no-encrypt); shift ;;
         --anon-user)    ANON_USER=${2:?--anon-user needs a value}; shift 2 ;;
         --keep)         KEEP=1; shift ;;
         --strict)       STRICT=1; shift ;;
@@ -328,7 +331,7 @@ sync
 HS_PORT=""; IPERF_PORT=""; GFS_PORT=""; HS_SRV_PID=""; IPERF_PID=""; GFS_PID=""
 
 pick_port; HS_PORT=$PORT
-HS_SERVE_CMD=("$HSXFER" serve --root "$DATA" --listen 127.0.0.1 --port "$HS_PORT" --no-auth)
+HS_SERVE_CMD=("$HSXFER" serve --root "$DATA" --listen 127.0.0.1 --port "$HS_PORT" --no-auth "${CLEAR_ARGS[@]}")
 log "starting: $(qcmd "${HS_SERVE_CMD[@]}")"
 "${HS_SERVE_CMD[@]}" >"$LOGS/hsxfer-serve.log" 2>&1 &
 HS_SRV_PID=$!; BG_PIDS+=("$HS_SRV_PID")
@@ -379,7 +382,7 @@ between_runs() { sync; sleep 1; }
 # ============================================================================= a. memory-to-memory
 A_HS=(); A_REF=(); A_HS_VERIFIED=(); A_UNIT_NOTE=""
 declare -a HS_BENCH_CMD IPERF_CMD
-HS_BENCH_CMD=("$HSXFER" bench -n "$STREAMS" --time "$BENCH_TIME" --no-auth --json 127.0.0.1 --port "${HS_PORT}")
+HS_BENCH_CMD=("$HSXFER" bench -n "$STREAMS" --time "$BENCH_TIME" --no-auth "${CLEAR_ARGS[@]}" --json 127.0.0.1 --port "${HS_PORT}")
 IPERF_CMD=(iperf3 -c 127.0.0.1 -p "${IPERF_PORT:-0}" -P "$STREAMS" -t "$BENCH_TIME" -J)
 
 a_hsxfer() { # r
@@ -443,7 +446,7 @@ fi
 
 # ============================================================================= b. big file pull
 B_HS=(); B_REF=(); B_VERIFY="skipped"
-HS_BIG_CMD=("$HSXFER" copy -n "$STREAMS" --no-auth --port "$HS_PORT" 127.0.0.1:big.bin /dev/null)
+HS_BIG_CMD=("$HSXFER" copy -n "$STREAMS" --no-auth "${CLEAR_ARGS[@]}" --port "$HS_PORT" 127.0.0.1:big.bin /dev/null)
 GUC_BIG_CMD=(globus-url-copy -fast -p "$STREAMS" "ftp://127.0.0.1:${GFS_PORT}${BIG}" file:///dev/null)
 
 # alternate CMD...: RUNS runs each of `CMD... hsxfer R` and `CMD... globus R`, hsxfer first
@@ -497,7 +500,7 @@ if (( RUN_B )); then
     # transfer), and a warm-up globus-url-copy.
     log "  b: untimed verification pull (hsxfer -> tmpfs file, cmp) and globus warm-up"
     mkdir -p "$DEST"
-    if "$HSXFER" copy -n "$STREAMS" --no-auth --port "$HS_PORT" 127.0.0.1:big.bin "$DEST/big.bin" \
+    if "$HSXFER" copy -n "$STREAMS" --no-auth "${CLEAR_ARGS[@]}" --port "$HS_PORT" 127.0.0.1:big.bin "$DEST/big.bin" \
             >"$LOGS/b.verify.out" 2>"$LOGS/b.verify.err" && cmp -s "$BIG" "$DEST/big.bin"; then
         B_VERIFY="ok"
     else
@@ -513,7 +516,7 @@ fi
 
 # ============================================================================= c. small files pull
 C_HS=(); C_REF=(); C_HS_MB=(); C_REF_MB=(); C_DIFF_HS="not run"; C_DIFF_REF="not run"
-HS_SMALL_CMD=("$HSXFER" copy -n "$STREAMS" -r --no-auth --port "$HS_PORT" 127.0.0.1:small "$DEST")
+HS_SMALL_CMD=("$HSXFER" copy -n "$STREAMS" -r --no-auth "${CLEAR_ARGS[@]}" --port "$HS_PORT" 127.0.0.1:small "$DEST")
 GUC_SMALL_CMD=(globus-url-copy -cc "$SMALL_CC" -pp -fast -r "ftp://127.0.0.1:${GFS_PORT}${SMALL}/" "file://$DEST/")
 
 c_diff() { # dest-dir -> diff -r source against the copy (handles DEST/ and DEST/small/ layouts)
@@ -581,7 +584,7 @@ fi
 # GridFTP's own end-to-end check (-verify-checksum: an MD5 of the file at both ends after the
 # transfer) against hsxfer's (on by default). Both write a tmpfs file, removed after each run.
 D_HS=(); D_REF=()
-HS_VBIG_CMD=("$HSXFER" copy -n "$STREAMS" --no-auth --port "$HS_PORT" 127.0.0.1:big.bin "$DEST/big.bin")
+HS_VBIG_CMD=("$HSXFER" copy -n "$STREAMS" --no-auth "${CLEAR_ARGS[@]}" --port "$HS_PORT" 127.0.0.1:big.bin "$DEST/big.bin")
 GUC_VBIG_CMD=(globus-url-copy -p "$STREAMS" -verify-checksum "ftp://127.0.0.1:${GFS_PORT}${BIG}" "file://$DEST/big.bin")
 
 if (( RUN_D )); then
@@ -618,7 +621,7 @@ BIG_LABEL=$(numfmt --to=iec-i --suffix=B "$BIG_BYTES")
 {
 echo "## hsxfer whole-transfer benchmark"
 echo
-echo "$(date -u +%Y-%m-%dT%H:%M:%SZ) · $(uname -n) · $(nproc) CPUs · kernel $(uname -r) · runs per test: $RUNS (median; tools alternated run by run) · loopback 127.0.0.1 · data on tmpfs"
+echo "$(date -u +%Y-%m-%dT%H:%M:%SZ) · $(uname -n) · $(nproc) CPUs · kernel $(uname -r) · runs per test: $RUNS (median; tools alternated run by run) · loopback 127.0.0.1 · data on tmpfs · hsxfer $([[ ${#CLEAR_ARGS[@]} -gt 0 ]] && echo "in clear text (--no-encrypt)" || echo "with TLS 1.3")"
 echo
 echo "| test | hsxfer | reference | ratio | target | result |"
 echo "|---|---|---|---|---|---|"
@@ -682,7 +685,7 @@ if [[ -n $OUT ]]; then
         --argjson bench_time "$BENCH_TIME" --argjson big_bytes "$BIG_BYTES" \
         --argjson small_count "$SMALL_COUNT" --argjson small_file_size "$SMALL_FILE_SIZE" \
         --arg hsxfer "$HSXFER" --arg load_before "$LOAD_BEFORE" --arg load_after "$LOAD_AFTER" \
-        --argjson perf "$PERF" --argjson errors "$ERRORS" --argjson commands "$cmds_json" \
+        --argjson perf "$PERF" --argjson clear "$([[ ${#CLEAR_ARGS[@]} -gt 0 ]] && echo true || echo false)" --argjson errors "$ERRORS" --argjson commands "$cmds_json" \
         --argjson run_a "$RUN_A" --argjson run_b "$RUN_B" --argjson run_c "$RUN_C" --argjson run_d "$RUN_D" \
         --argjson d_hs "$(json_arr "${D_HS[@]}")" --argjson d_ref "$(json_arr "${D_REF[@]}")" \
         --argjson d_hs_med "$D_HS_MED" --argjson d_ref_med "$D_REF_MED" --argjson d_ratio "$D_RATIO" \
@@ -703,7 +706,8 @@ if [[ -n $OUT ]]; then
         '{
           date: $date, host: $host, kernel: $kernel, cpus: $cpus, hsxfer: $hsxfer,
           params: {runs: $runs, streams: $streams, bench_time_s: $bench_time, big_bytes: $big_bytes,
-                   small_count: $small_count, small_file_size: $small_file_size, perf: ($perf == 1)},
+                   small_count: $small_count, small_file_size: $small_file_size, perf: ($perf == 1),
+                   hsxfer_encrypted: ($clear | not)},
           loadavg: {before: $load_before, after: $load_after},
           tests: ([
             (if $run_a == 1 then {name: "mem_to_mem", unit: "bit/s", reference: "iperf3",
