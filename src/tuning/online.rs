@@ -1106,7 +1106,6 @@ impl OnlineTuner {
             &sending.iter().map(|&i| allowed[i]).collect::<Vec<_>>(),
         );
         self.caps.resize(allowed.len(), f64::INFINITY);
-        let mut actions = Vec::new();
         // All caps move together, when one of them moves by more than the step: the caps in
         // force are always one sharing of the total. Each on its own, one channel's cap rose
         // while another's smaller fall waited, and together they went over the link.
@@ -1117,6 +1116,7 @@ impl OnlineTuner {
         if !moved {
             return Vec::new();
         }
+        let mut actions = Vec::new();
         for (channel, cap) in sending.into_iter().zip(shared) {
             let old = self.caps[channel];
             if cap != old {

@@ -228,7 +228,7 @@ fn run_case(
         case.tag,
         mbit(goodput(&first_copy))
     ));
-    let best_copy = fair_best(&rows).map(|best| {
+    let best_copy = sweep_best(&rows, true).map(|best| {
         let mut flags = sweep_flags(best.paced, &wire_rate);
         flags.extend([
             "--cc".into(),
@@ -327,10 +327,11 @@ fn sweep_flags(paced: bool, wire_rate: &str) -> Vec<String> {
     flags
 }
 
-/// The sweep's best run under `--policy fair` (loss-based congestion controls only).
-fn fair_best(rows: &[Row]) -> Option<&Row> {
+/// The sweep's best run: under `--policy fair` (`fair`: loss-based congestion controls only)
+/// or of all.
+fn sweep_best(rows: &[Row], fair: bool) -> Option<&Row> {
     rows.iter()
-        .filter(|r| loss_based(&r.cc))
+        .filter(|r| !fair || loss_based(&r.cc))
         .max_by(|a, b| a.goodput_bps.total_cmp(&b.goodput_bps))
 }
 
@@ -574,10 +575,6 @@ fn report(
                 md += "\n";
             }
         }
-        let any_best = o
-            .rows
-            .iter()
-            .max_by(|a, b| a.goodput_bps.total_cmp(&b.goodput_bps));
         let line = |r: Option<&Row>| {
             r.map_or("–".into(), |r| {
                 format!(
@@ -591,13 +588,16 @@ fn report(
         };
         md += &format!(
             "\nBest of the sweep: {} (fair: loss-based only); {} (any).\n\n",
-            line(fair_best(&o.rows)),
-            line(any_best)
+            line(sweep_best(&o.rows, true)),
+            line(sweep_best(&o.rows, false))
         );
-        let fair_best = fair_best(&o.rows).map(|r| r.goodput_bps);
-        let ratio = |x: Option<f64>| match (x, fair_best) {
-            (Some(x), Some(b)) if b > 0.0 => format!("{:.2} of the best", x / b),
-            _ => "–".into(),
+        let best_bps = sweep_best(&o.rows, true).map(|r| r.goodput_bps);
+        let share = |x: Option<f64>, of: Option<f64>| match (x, of) {
+            (Some(x), Some(b)) if b > 0.0 => Some(x / b),
+            _ => None,
+        };
+        let ratio = |x: Option<f64>| {
+            share(x, best_bps).map_or("–".into(), |r| format!("{r:.2} of the best"))
         };
         match &o.probe {
             Some(p) => {
@@ -626,14 +626,11 @@ fn report(
         let (first, profiled) = (goodput(&o.first_copy), goodput(&o.profiled_copy));
         let best_copy = o.best_copy.as_ref().and_then(|b| goodput(&b.report));
         md += &format!(
-            "- **First copy, no flags, no profile**: {} = {}, {}; {}.\n- **Copy after the probe, no flags**: {} = {}.\n",
+            "- **First copy, no flags, no profile**: {} = {}, {}; {} of the best as a copy.\n- **Copy after the probe, no flags**: {} = {}.\n",
             mbit(first),
             first.map_or("–".into(), u),
             ratio(first),
-            match (first, best_copy) {
-                (Some(f), Some(b)) if b > 0.0 => format!("{:.2} of the best as a copy", f / b),
-                _ => "– of the best as a copy".into(),
-            },
+            share(first, best_copy).map_or("–".into(), |r| format!("{r:.2}")),
             mbit(profiled),
             profiled.map_or("–".into(), u),
         );
