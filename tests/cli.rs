@@ -493,6 +493,14 @@ fn bad_input_gets_a_clear_one_line_error() {
         "required arguments were not provided:\n  --against <CC>",
     );
     usage_error(
+        &["lab", "run", "fairness", "--tuned"],
+        "required arguments were not provided:\n  --against <CC>",
+    );
+    usage_error(
+        &["lab", "run", "fairness", "--paced-reference"],
+        "required arguments were not provided:\n  --against <CC>",
+    );
+    usage_error(
         &[
             "lab",
             "run",

@@ -141,7 +141,8 @@ struct RunArgs {
     /// Name of the labs the experiment builds (it must not exist).
     #[arg(long, default_value = "hsxexp")]
     name: String,
-    /// Channel counts m to run (utilization: default 1 to 8; probe: 1, 2, 4, 8, 16).
+    /// Channel counts m to run (utilization: default 1 to 8; probe: 1, 2, 4, 8, 16;
+    /// fairness --against: the tested connection's, first value).
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..=32))]
     channels: Option<Vec<u16>>,
     /// Only the tiny queue, without the 1 BDP comparison (utilization).
@@ -159,6 +160,15 @@ struct RunArgs {
     /// bursts does not decide it.
     #[arg(long, value_name = "N|Xbdp", requires = "against")]
     buffer: Option<QueueSize>,
+    /// fairness --against: the tested connection runs as a copy with no flags would (the
+    /// online tuner's meter and pacing caps, from an empty profile cache) instead of its
+    /// congestion control's rules alone; its channels are --channels' first value if given.
+    #[arg(long, requires = "against")]
+    tuned: bool,
+    /// fairness --against: the kernel paces the reference flow at its congestion control's
+    /// own rate, as the fq qdisc would, instead of letting it send line-rate bursts.
+    #[arg(long, requires = "against")]
+    paced_reference: bool,
 }
 
 #[derive(Args)]
@@ -488,6 +498,8 @@ fn run(r: RunArgs) -> anyhow::Result<bool> {
         paths: r.paths,
         against: r.against,
         buffer: r.buffer,
+        tuned: r.tuned,
+        paced_reference: r.paced_reference,
     };
     let report = experiments::run(r.experiment, &opts, &mut |line| eprintln!("{line}"))?;
     outln!("{}", report.markdown);

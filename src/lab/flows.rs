@@ -20,6 +20,9 @@ pub struct FlowSpec {
     pub from: Host,
     /// Parallel channels (TCP connections) of this one hsxfer connection.
     pub channels: u16,
+    /// Whether the online tuner may add channels to `channels` (then `-n` is not passed, as
+    /// in a copy with no flags, and `channels` must be the default count).
+    pub count_may_grow: bool,
     /// Congestion control of every channel (always explicit: the host default is bbr here).
     pub cc: String,
     /// How long it runs, seconds.
@@ -38,6 +41,7 @@ impl FlowSpec {
         FlowSpec {
             from: Host::Sender(1),
             channels,
+            count_may_grow: false,
             cc: cc.into(),
             seconds,
             trace: None,
@@ -108,10 +112,12 @@ impl Lab {
             .args(["--port", &SERVER_PORT.to_string()])
             .arg("--token-file")
             .arg(&self.state.token_file)
-            .args(["-n", &spec.channels.to_string()])
             .args(["--cc", &spec.cc])
             .args(["--time", &spec.seconds.to_string()])
             .args(["--interval", "500ms", "--json"]);
+        if !spec.count_may_grow {
+            c.args(["-n", &spec.channels.to_string()]);
+        }
         if !spec.extra.iter().any(|a| a == "--buffer") {
             c.args(["--buffer", "kernel"]);
         }

@@ -110,6 +110,13 @@ pub struct RunOptions {
     pub against: Option<String>,
     /// The bottleneck's drop-tail queue instead of the experiment's (fairness `--against`).
     pub buffer: Option<QueueSize>,
+    /// The tested connection runs as a copy with no flags would (fairness `--against`): the
+    /// online tuner's meter and caps, buffers and stagger, from an empty profile cache,
+    /// instead of its congestion control's rules alone.
+    pub tuned: bool,
+    /// The reference flow is paced by the kernel at its congestion control's own rate, as
+    /// under the fq qdisc, instead of sending its windows at line rate (fairness `--against`).
+    pub paced_reference: bool,
 }
 
 /// What an experiment produced.
