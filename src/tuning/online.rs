@@ -42,7 +42,9 @@
 //!   and keeps what the path delivered. The meter's reading is probed because one channel
 //!   may not fill the path by itself (measured at 1 Gbit/s × 60 ms × 64 packets: meters
 //!   2–22 % low on a busy 2-core host), although on a tiny queue a probe above a right
-//!   estimate costs a loss.
+//!   estimate costs a loss. A probe that ends with a queue standing at the bottleneck (the
+//!   smoothed RTT [`QUEUE_RTT_GROWTH`] times the least) found the path full: the estimate
+//!   stays, and the next probe waits as after one that did not pay.
 //! - **Random loss.** Losses while the channels send well below their caps are not theirs:
 //!   the caps go (and under `--policy fast` the channels switch to BBR). Once, when the
 //!   channels had delivered close to their caps, such losses first lower the estimate to the
@@ -896,6 +898,30 @@ impl OnlineTuner {
                 // under the link. Never more than the probe's caps allowed.
                 self.probe = None;
                 self.probe_ended = t;
+                if let Some((srtt, min)) = self.queue_standing(est, round) {
+                    // Above the path a deep queue absorbs the excess without a loss, and the
+                    // kernel's delivery-rate samples, summed over the channels, read above the
+                    // link: such probes raised the estimate to 968-1003 Mbit/s on 1 Gbit/s ×
+                    // 60 ms with a 1-BDP queue (ceiling 956), where caps over the link kept the
+                    // queue full and one cubic flow beside the copy moved 57 Mbit/s.
+                    self.probe_gain = PROBE_GAIN;
+                    self.probe_gain_max = PROBE_GAIN;
+                    self.probe_retried = false;
+                    self.next_probe = Some(t + self.probe_interval);
+                    self.probe_interval = (self.probe_interval * 2.0).min(PROBE_INTERVAL_MAX_S);
+                    self.reshare_soon();
+                    let since_start = t - self.started.unwrap_or(t);
+                    self.decide(
+                        since_start,
+                        format!(
+                            "a probe above {:.1} Mbit/s filled a queue at the bottleneck (smoothed RTT {:.1} ms, least {:.1} ms): the path is full, the estimate stays",
+                            p.before * 8e-6,
+                            srtt as f64 / 1e3,
+                            min as f64 / 1e3
+                        ),
+                    );
+                    return;
+                }
                 let during = est
                     .delivery_rate_since(p.since + PROBE_LAG_ROUNDS * round)
                     .unwrap_or(0.0)
@@ -1059,6 +1085,20 @@ impl OnlineTuner {
                     .latest(i)
                     .is_some_and(|s| s.delivery_rate as f64 >= CHANNEL_AT_CAP * cap)
         })
+    }
+
+    /// The smoothed and least RTT (µs) of a channel still sending whose smoothed RTT is
+    /// [`QUEUE_RTT_GROWTH`] times its least or more: a queue stands at the bottleneck. A
+    /// tiny queue never shows (64 packets at 1 Gbit/s hold 0.8 ms).
+    fn queue_standing(&self, est: &PathEstimator, round: f64) -> Option<(u32, u32)> {
+        (0..self.channels as usize)
+            .filter(|&i| !est.idle(i, 2.0 * round))
+            .filter_map(|i| est.latest(i))
+            .filter(|s| {
+                s.min_rtt_us > 0 && s.rtt_us as f64 >= QUEUE_RTT_GROWTH * s.min_rtt_us as f64
+            })
+            .map(|s| (s.rtt_us, s.min_rtt_us))
+            .max_by_key(|(srtt, min)| srtt * 1000 / min)
     }
 
     /// Sets the caps' share of the estimate at `t`; they are re-shared at the next tick.
@@ -1687,6 +1727,44 @@ mod tests {
             15,
         ));
         assert!((rate / link - 1.0).abs() < 0.01, "{rate}");
+    }
+
+    #[test]
+    fn a_probe_that_fills_a_deep_queue_leaves_the_estimate_where_it_was() {
+        // A saved rate right at a 100 MB/s link with a deep queue (40 ms). A probe above it
+        // loses nothing: the queue takes the excess and the RTT grows. The kernel's samples,
+        // summed over the channels, read up to 4 % above the link (as on the lab's 1-BDP
+        // paths), so the probe looks paid; the queue shows the path full.
+        let link = 100e6;
+        let mut cfg = config(4, 4, Some(link));
+        cfg.probe_known_rate = true;
+        let mut d = Driven::new(cfg);
+        let (mut delivered, mut queue) = ([1.0f64; 4], 0.0f64);
+        for k in 0..3000u32 {
+            let t = k as f64 * 0.01;
+            let offered: f64 = d.caps.iter().sum();
+            queue = (queue + (offered - link) * 0.01).clamp(0.0, link * 0.04);
+            let read = offered.min(1.04 * link);
+            let readings: Vec<Option<TcpSample>> = (0..4)
+                .map(|i| {
+                    delivered[i] += read * d.caps[i] / offered * 0.01 / 1448.0;
+                    Some(TcpSample {
+                        delivery_rate: (read * d.caps[i] / offered) as u64,
+                        rtt_us: 40_000 + (queue / link * 1e6) as u32,
+                        ..at_40ms(delivered[i] as u32, 5000)
+                    })
+                })
+                .collect();
+            d.tick(t, &readings);
+        }
+        let rep = d.tuner.report();
+        assert!(rate_of(rep) <= link, "{rep:?}");
+        assert!(
+            rep.decisions
+                .iter()
+                .any(|d| d.what.contains("filled a queue")),
+            "{rep:?}"
+        );
     }
 
     #[test]
