@@ -1098,7 +1098,7 @@ impl OnlineTuner {
                 s.min_rtt_us > 0 && s.rtt_us as f64 >= QUEUE_RTT_GROWTH * s.min_rtt_us as f64
             })
             .map(|s| (s.rtt_us, s.min_rtt_us))
-            .max_by_key(|(srtt, min)| srtt * 1000 / min)
+            .max_by_key(|&(srtt, min)| u64::from(srtt) * 1000 / u64::from(min))
     }
 
     /// Sets the caps' share of the estimate at `t`; they are re-shared at the next tick.
