@@ -66,7 +66,7 @@
 
 use super::estimate::{PathEstimator, Tick};
 use crate::channels::control::Policy;
-use crate::channels::telemetry::{Decision, MeterEnd, TunerReport};
+use crate::channels::telemetry::{Decision, MeterEnd, TcpSample, TunerReport};
 
 /// Fraction of the bottleneck rate the channels' pacing caps add up to at first: low enough
 /// that an estimate a few percent high still leaves the queue empty.
@@ -491,9 +491,7 @@ impl OnlineTuner {
         // A queue builds at the bottleneck: the smoothed RTT is well above the minimum. A
         // round that delivers less than was offered proves nothing without it, since a stall
         // of the ACK stream (a busy host, a late sampler tick) looks the same for a round.
-        let queue_building = est.latest(0).is_some_and(|s| {
-            s.min_rtt_us > 0 && s.rtt_us as f64 >= QUEUE_RTT_GROWTH * s.min_rtt_us as f64
-        });
+        let queue_building = est.latest(0).is_some_and(queued);
         let capped = offered.is_some_and(|o| delivered < FULL_SHARE * o)
             && self.binding_since.is_some_and(|since| t - since >= round)
             && queue_building;
@@ -904,11 +902,8 @@ impl OnlineTuner {
                     // link: such probes raised the estimate to 968-1003 Mbit/s on 1 Gbit/s ×
                     // 60 ms with a 1-BDP queue (ceiling 956), where caps over the link kept the
                     // queue full and one cubic flow beside the copy moved 57 Mbit/s.
-                    self.probe_gain = PROBE_GAIN;
                     self.probe_gain_max = PROBE_GAIN;
-                    self.probe_retried = false;
-                    self.next_probe = Some(t + self.probe_interval);
-                    self.probe_interval = (self.probe_interval * 2.0).min(PROBE_INTERVAL_MAX_S);
+                    self.probe_later(t);
                     self.reshare_soon();
                     let since_start = t - self.started.unwrap_or(t);
                     self.decide(
@@ -961,11 +956,8 @@ impl OnlineTuner {
                 } else {
                     // It took no more than the estimate, or twice too little: the next
                     // comes later, from the least gain.
-                    self.probe_gain = PROBE_GAIN;
                     self.probe_gain_max = PROBE_GAIN_MAX;
-                    self.probe_retried = false;
-                    self.next_probe = Some(t + self.probe_interval);
-                    self.probe_interval = (self.probe_interval * 2.0).min(PROBE_INTERVAL_MAX_S);
+                    self.probe_later(t);
                 }
                 self.reshare_soon();
             }
@@ -1094,11 +1086,19 @@ impl OnlineTuner {
         (0..self.channels as usize)
             .filter(|&i| !est.idle(i, 2.0 * round))
             .filter_map(|i| est.latest(i))
-            .filter(|s| {
-                s.min_rtt_us > 0 && s.rtt_us as f64 >= QUEUE_RTT_GROWTH * s.min_rtt_us as f64
-            })
+            .filter(|s| queued(s))
             .map(|s| (s.rtt_us, s.min_rtt_us))
             .max_by_key(|&(srtt, min)| u64::from(srtt) * 1000 / u64::from(min))
+    }
+
+    /// After a probe that did not pay at `t`: the next starts from the least gain, after
+    /// [`PROBE_INTERVAL_S`], twice that after the next such probe, up to
+    /// [`PROBE_INTERVAL_MAX_S`].
+    fn probe_later(&mut self, t: f64) {
+        self.probe_gain = PROBE_GAIN;
+        self.probe_retried = false;
+        self.next_probe = Some(t + self.probe_interval);
+        self.probe_interval = (self.probe_interval * 2.0).min(PROBE_INTERVAL_MAX_S);
     }
 
     /// Sets the caps' share of the estimate at `t`; they are re-shared at the next tick.
@@ -1175,6 +1175,12 @@ impl OnlineTuner {
     }
 }
 
+/// Whether a channel's reading shows a queue at the bottleneck: its smoothed RTT is
+/// [`QUEUE_RTT_GROWTH`] times its least or more.
+fn queued(s: &TcpSample) -> bool {
+    s.min_rtt_us > 0 && s.rtt_us as f64 >= QUEUE_RTT_GROWTH * s.min_rtt_us as f64
+}
+
 /// Shares a `total` rate among channels whose windows allow `allowed[i]` (bytes/s) the
 /// max-min fair way: a channel whose window allows less than an equal share of what is left
 /// gets what it allows and `WINDOW_HEADROOM` more (room to grow; its window holds it
@@ -1203,7 +1209,6 @@ pub fn share_caps(total: f64, allowed: &[f64]) -> Vec<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::channels::telemetry::TcpSample;
     use crate::tuning::pathsim::{Path, Sim};
 
     const GBIT: f64 = 1e9 / 8.0 * 1448.0 / 1514.0;
