@@ -32,8 +32,9 @@ const GROUP_READ_TICKS: u64 = 10;
 pub struct OnlineControl {
     /// The tuner.
     pub tuner: OnlineTuner,
-    /// Set to true when the channels held while the meter runs may start.
-    pub release: Arc<watch::Sender<bool>>,
+    /// How many channels take blocks, the first ones: one while the meter runs, all
+    /// ([`u16::MAX`]) once released.
+    pub running: Arc<watch::Sender<u16>>,
     /// Channel counts the engine must add.
     pub grow: mpsc::UnboundedSender<u16>,
 }
@@ -63,8 +64,8 @@ pub struct Sampler {
 pub struct SendingSide {
     /// The sampler (shared with the setup of channels that join later).
     pub sampler: Arc<Sampler>,
-    /// Holds channels after the first while the tuner's meter runs.
-    pub gate: Option<Arc<watch::Sender<bool>>>,
+    /// How many channels take blocks ([`OnlineControl::running`]).
+    pub gate: Option<Arc<watch::Sender<u16>>>,
     /// Channel counts the tuner asks for.
     pub requests: Option<mpsc::UnboundedReceiver<u16>>,
 }
@@ -78,13 +79,13 @@ impl SendingSide {
     ) -> crate::Result<SendingSide> {
         let gate = tuner
             .as_ref()
-            .map(|t| Arc::new(watch::channel(!t.holds_channels()).0));
+            .map(|t| Arc::new(watch::channel(if t.holds_channels() { 1 } else { u16::MAX }).0));
         let (grow, requests) = mpsc::unbounded_channel();
         let online = tuner
             .zip(gate.clone())
-            .map(|(tuner, release)| OnlineControl {
+            .map(|(tuner, running)| OnlineControl {
                 tuner,
-                release,
+                running,
                 grow,
             });
         let requests = online.is_some().then_some(requests);
@@ -244,7 +245,7 @@ fn carry_out(s: &Shared, o: &mut Online, actions: Vec<Action>, placed: &mut Rows
                 o.cc[channel] = Some(name);
             }
             Action::Release => {
-                o.ctl.release.send_replace(true);
+                o.ctl.running.send_replace(u16::MAX);
             }
             Action::AddChannels(n) => {
                 let _ = o.ctl.grow.send(n);

@@ -42,9 +42,10 @@ pub struct SendEngine<R, W> {
     pub channels: Vec<Stream>,
     /// Start offset of each channel (staggered starts); missing entries start at once.
     pub stagger: Vec<Duration>,
-    /// Channels after the first wait until this turns true (while the online tuner's meter
-    /// runs on the first); the engine opens it itself when the session ends.
-    pub gate: Option<Arc<watch::Sender<bool>>>,
+    /// How many channels take blocks, the first ones (the online tuner's: one while its
+    /// meter runs, all once released); the others wait. The engine lets them all go when
+    /// the session ends.
+    pub gate: Option<Arc<watch::Sender<u16>>>,
     /// What to send.
     pub source: SendSource,
     /// Block size of the session.
@@ -124,7 +125,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
         ChannelSender {
             index,
             start_at: tokio::time::Instant::now(),
-            gate: None,
+            gate: self.gate.as_ref().map(|g| g.subscribe()),
             stream,
             jobs: crew.jobs.clone(),
             reader: self.source.reader(),
@@ -152,7 +153,6 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
         for (i, stream) in std::mem::take(&mut self.channels).into_iter().enumerate() {
             let mut ch = self.channel(&crew, i, stream);
             ch.start_at = began + self.stagger.get(i).copied().unwrap_or_default();
-            ch.gate = self.gate.as_ref().filter(|_| i > 0).map(|g| g.subscribe());
             tasks.spawn(ch.run());
         }
         let mut result = self.drive(&jobs_tx, hashed_rx, &crew, &mut tasks).await;
@@ -162,11 +162,11 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                 result = Err(e);
             }
         }
-        // Closing the queue (and opening the gate of channels still held) lets the channel
-        // tasks finish and shut their streams down.
+        // Closing the queue (and letting the channels held go) lets the channel tasks finish
+        // and shut their streams down.
         jobs_tx.close();
         if let Some(g) = &self.gate {
-            g.send_replace(true);
+            g.send_replace(u16::MAX);
         }
         conclude(result, &mut self.ctrl_r, &mut self.ctrl_w, tasks).await
     }
@@ -312,7 +312,7 @@ async fn sleep_until_some(at: Option<tokio::time::Instant>) {
 struct ChannelSender {
     index: usize,
     start_at: tokio::time::Instant,
-    gate: Option<watch::Receiver<bool>>,
+    gate: Option<watch::Receiver<u16>>,
     stream: Stream,
     jobs: async_channel::Receiver<Job>,
     reader: BlockReader,
@@ -325,14 +325,24 @@ struct ChannelSender {
 }
 
 impl ChannelSender {
+    /// Waits while the gate holds this channel (the meter runs on the first): it takes no
+    /// block meanwhile, and the others take them all.
+    async fn wait_for_turn(&mut self) {
+        let index = self.index;
+        if let Some(g) = self.gate.as_mut() {
+            let _ = g.wait_for(|running| index < *running as usize).await;
+        }
+    }
+
     async fn run(mut self) -> Result<()> {
         let mut buf = Vec::new();
         tokio::time::sleep_until(self.start_at).await;
-        if let Some(g) = self.gate.as_mut() {
-            let _ = g.wait_for(|open| *open).await;
-        }
         let mut started = false;
-        while let Ok(job) = self.jobs.recv().await {
+        loop {
+            self.wait_for_turn().await;
+            let Ok(job) = self.jobs.recv().await else {
+                break;
+            };
             if !started {
                 started = true;
                 self.live
