@@ -1,7 +1,8 @@
 //! Tuning without flags on real emulated paths (`hsxfer lab`: namespaces, a drop-tail
 //! bottleneck, the NFQUEUE delay element): `hsxfer probe` measures the path and its profile
 //! makes a plain copy fast; the online tuner adds channels where hosts' windows hold them
-//! back, without oscillating. Needs root; prints SKIPPED otherwise (CI runs as root).
+//! back, without oscillating, and retires those that did not pay. Needs root; prints SKIPPED
+//! otherwise (CI runs as root).
 
 mod common;
 
@@ -334,4 +335,105 @@ fn the_online_tuner_adds_channels_a_window_holds_back_and_settles() {
         end / 1e6,
         start / 1e6
     );
+}
+
+#[test]
+fn the_online_tuner_retires_added_channels_that_did_not_pay() {
+    if !root_or_skip("online channel retirement") {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // 50 Mbit/s × 40 ms is 250 kB, with a queue of twice that. The receiver's sockets
+    // autotune to at most 256 KiB, about half of it window: the meter's one channel carries
+    // about 30 Mbit/s, four fill the link with every window held back and nothing lost, and
+    // two more can bring nothing. The tuner adds them, finds they did not pay, and retires
+    // them: they carry no more blocks, and the transfer ends as usual.
+    let spec = LabSpec {
+        name: name("r"),
+        rate_bps: 50_000_000,
+        rtts: vec![Duration::from_millis(40)],
+        queue: QueueSize::Bdp(2.0),
+        ..LabSpec::default()
+    };
+    let _cleanup = Cleanup(spec.name.clone());
+    let lab = Lab::up(&spec, program()).unwrap();
+    let set = lab
+        .command(Host::Receiver, "sysctl")
+        .args(["-qw", "net.ipv4.tcp_rmem=4096 131072 262144"])
+        .status()
+        .unwrap();
+    assert!(set.success());
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.csv");
+    let out = last_json(&on_sender(
+        &lab,
+        &[
+            "bench",
+            "--json",
+            "--buffer",
+            "kernel",
+            "--time",
+            "10",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--token-file",
+            &token(&lab),
+            &lab.addr(Host::Receiver).to_string(),
+        ],
+    ));
+    let online = &out["tuning"]["online"];
+    eprintln!("online tuner: {online}");
+    let decisions = online["decisions"].as_array().unwrap();
+    let retired_at = decisions
+        .iter()
+        .find(|d| {
+            d["what"]
+                .as_str()
+                .unwrap()
+                .contains("retiring them, back to 4")
+        })
+        .unwrap_or_else(|| panic!("no channel was retired: {online}"))["t"]
+        .as_f64()
+        .unwrap();
+    assert_eq!(online["channels"], 4, "{online}");
+    let additions = decisions
+        .iter()
+        .filter(|d| d["what"].as_str().unwrap().contains("adding"))
+        .count();
+    assert_eq!(additions, 1, "the count must freeze once retired: {online}");
+
+    // Bytes each channel had acknowledged by `t` (the trace's rows, per channel, in time).
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect();
+    let acked_by = |channel: &str, t: f64| -> u64 {
+        rows.iter()
+            .rev()
+            .find(|r| r[1] == channel && r[0].parse::<f64>().unwrap() <= t)
+            .map_or(0, |r| r[11].parse::<u64>().unwrap())
+    };
+    // A retired channel finishes the block it carries (at most a second at its share here).
+    let (from, to) = (retired_at + 2.0, 9.5);
+    assert!(from < to, "retired too late to check: {online}");
+    for ch in ["0", "1", "2", "3"] {
+        let moved = acked_by(ch, to) - acked_by(ch, from);
+        assert!(
+            moved > 0,
+            "channel {ch} idle after the retirement: {online}"
+        );
+    }
+    for ch in ["4", "5"] {
+        assert!(
+            acked_by(ch, from) > 0,
+            "channel {ch} never carried data: {online}"
+        );
+        let moved = acked_by(ch, to) - acked_by(ch, from);
+        assert_eq!(
+            moved, 0,
+            "retired channel {ch} still carries blocks: {online}"
+        );
+    }
 }

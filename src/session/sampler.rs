@@ -2,7 +2,8 @@
 //! data socket (of every subflow of an MPTCP connection) into the telemetry and, when the
 //! transfer is tuned online, feeds the [`PathEstimator`] and the [`OnlineTuner`] and carries
 //! out what the tuner decides (pacing caps and congestion controls on the sockets, releasing
-//! the channels held for the meter, asking the engine for more channels).
+//! the channels held for the meter or retiring added ones, asking the engine for more
+//! channels).
 //!
 //! A thread of its own, not a tokio task: a runtime worker can sit in one multi-megabyte
 //! `send` for a long time (on a busy 2-core host, a task-driven sampler was measured with gaps
@@ -33,7 +34,7 @@ pub struct OnlineControl {
     /// The tuner.
     pub tuner: OnlineTuner,
     /// How many channels take blocks, the first ones: one while the meter runs, all
-    /// ([`u16::MAX`]) once released.
+    /// ([`u16::MAX`]) once released, fewer once the tuner retired added ones.
     pub running: Arc<watch::Sender<u16>>,
     /// Channel counts the engine must add.
     pub grow: mpsc::UnboundedSender<u16>,
@@ -246,6 +247,9 @@ fn carry_out(s: &Shared, o: &mut Online, actions: Vec<Action>, placed: &mut Rows
             }
             Action::Release => {
                 o.ctl.running.send_replace(u16::MAX);
+            }
+            Action::Retire { keep } => {
+                o.ctl.running.send_replace(keep);
             }
             Action::AddChannels(n) => {
                 let _ = o.ctl.grow.send(n);

@@ -43,8 +43,8 @@ pub struct SendEngine<R, W> {
     /// Start offset of each channel (staggered starts); missing entries start at once.
     pub stagger: Vec<Duration>,
     /// How many channels take blocks, the first ones (the online tuner's: one while its
-    /// meter runs, all once released); the others wait. The engine lets them all go when
-    /// the session ends.
+    /// meter runs, all once released, fewer after it retired added channels); the others
+    /// wait. The engine lets them all go when the session ends.
     pub gate: Option<Arc<watch::Sender<u16>>>,
     /// What to send.
     pub source: SendSource,
@@ -325,8 +325,8 @@ struct ChannelSender {
 }
 
 impl ChannelSender {
-    /// Waits while the gate holds this channel (the meter runs on the first): it takes no
-    /// block meanwhile, and the others take them all.
+    /// Waits while the gate holds this channel (the meter runs on the first, or the tuner
+    /// retired it): it takes no block meanwhile, and the others take them all.
     async fn wait_for_turn(&mut self) {
         let index = self.index;
         if let Some(g) = self.gate.as_mut() {

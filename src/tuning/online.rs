@@ -52,9 +52,10 @@
 //!   it, and the cut windows send below the caps too. Losses at caps below what a probe
 //!   took in the last 10 s count as random loss as well: the path carried more without them.
 //! - **More channels.** While channels are held back by windows (a host's buffer limit) or
-//!   by random loss, and the goodput is short of the rate, the count grows by half; an
-//!   addition that does not bring at least half an average channel's goodput freezes it. It
-//!   never goes below the starting count.
+//!   by random loss, and the goodput is short of the rate, the count grows by half. An
+//!   addition that does not bring at least half an average channel's goodput freezes the
+//!   count; one that brought nothing is retired (its channels take no more blocks). The
+//!   count never goes below the starting one.
 //!
 //! When the meter ends without proof that the path was full (a host's window held the
 //! channel back, the rate stopped growing below the cap, or it ran out of time), the rate
@@ -196,6 +197,12 @@ const BEST_SPAN_S: f64 = 0.5;
 const EPOCH_MIN_S: f64 = 2.0;
 /// An added channel must bring at least this share of an average channel's goodput.
 const MIN_GAIN_PER_CHANNEL: f64 = 0.5;
+/// Added channels that each brought less than this share of an average channel's goodput
+/// brought nothing beyond the noise of two seconds' goodput (for two added to four, 5 % of
+/// the total): they are retired. Between this and [`MIN_GAIN_PER_CHANNEL`] they stay (what
+/// they brought is kept) and the count freezes. On lab path (e), two added to four once
+/// brought 11 % (721 to 803 Mbit/s), which retiring them would give up.
+const MIN_GAIN_TO_KEEP: f64 = 0.1;
 
 /// What the tuner may change, fixed when the transfer starts.
 #[derive(Debug, Clone, PartialEq)]
@@ -246,6 +253,12 @@ pub enum Action {
     Release,
     /// Open this many more channels.
     AddChannels(u16),
+    /// Only the first `keep` channels take blocks from now on: the others finish the one they
+    /// carry and stay idle, open, until the transfer ends. Never below the starting count.
+    Retire {
+        /// Channels that go on.
+        keep: u16,
+    },
 }
 
 /// Where the tuner stands.
@@ -253,7 +266,7 @@ pub enum Action {
 pub enum Phase {
     /// The first channel measures the path's rate; the others wait.
     Meter,
-    /// All channels run; the tuner watches and may add channels.
+    /// All channels run; the tuner watches and may add channels (or retire added ones).
     Cruise,
 }
 
@@ -727,6 +740,12 @@ impl OnlineTuner {
         if t - self.last_change < epoch {
             return actions;
         }
+        // Goodput before and after a change of the count is read over the epoch's second
+        // half: channels started at its beginning spend the first ramping up. In a simulated
+        // 120 ms path, four channels released by the meter took a second to fill their
+        // windows; read over the whole epoch they moved 639 Mbit/s where they carried 800,
+        // and two channels added then looked as if they paid.
+        let steady = epoch / 2.0;
         // Through random loss, channels added reach their share slowly and the goodput is
         // noisy: their gain is judged over the epoch after the one they started in. Judged
         // over the first, two channels added to four at 60 ms and 0.1 % loss showed +2 %,
@@ -735,10 +754,11 @@ impl OnlineTuner {
             return actions;
         }
         if let Some(g) = self.growth.take() {
-            let after = est.goodput(epoch).unwrap_or(0.0);
+            let after = est.goodput(steady).unwrap_or(0.0);
             let per_added = (after - g.before) / g.added as f64;
             let per_channel = g.before / g.channels_before as f64;
             let paid = per_added >= MIN_GAIN_PER_CHANNEL * per_channel;
+            let useless = per_added < MIN_GAIN_TO_KEEP * per_channel;
             self.decide(
                 since_start,
                 format!(
@@ -748,12 +768,20 @@ impl OnlineTuner {
                     g.before * 8e-6,
                     g.channels_before,
                     if paid {
-                        "the added channels paid"
+                        "the added channels paid".to_string()
+                    } else if useless {
+                        format!(
+                            "the added channels brought nothing: retiring them, back to {}",
+                            g.channels_before
+                        )
                     } else {
-                        "the added channels did not pay, the count stays"
+                        "the added channels did not pay, the count stays".to_string()
                     }
                 ),
             );
+            if useless {
+                actions.extend(self.retire(g.channels_before));
+            }
             self.frozen = !paid;
             self.last_change = t;
             return actions;
@@ -761,7 +789,7 @@ impl OnlineTuner {
         if self.frozen || self.channels >= self.cfg.max_channels {
             return actions;
         }
-        let Some(goodput) = est.goodput(epoch) else {
+        let Some(goodput) = est.goodput(steady) else {
             return actions;
         };
         let n = self.channels as usize;
@@ -861,6 +889,21 @@ impl OnlineTuner {
         let after_cut = t + PROBE_AFTER_CUT_S;
         self.next_probe = Some(self.next_probe.map_or(after_cut, |n| n.min(after_cut)));
         self.reshare_soon();
+    }
+
+    /// Back to the first `keep` channels: the others finish the block they carry and take
+    /// no more, and the caps are shared among those left. Added channels that brought
+    /// nothing cost the hosts' cores and the other traffic's share: on a 120 ms path where a
+    /// receiver that could read no faster held the windows, six channels moved 786–817
+    /// Mbit/s where four moved 826–833.
+    fn retire(&mut self, keep: u16) -> Vec<Action> {
+        self.channels = keep;
+        self.report.channels = keep;
+        let mut actions = vec![Action::Retire { keep }];
+        if self.cfg.pace {
+            actions.extend(self.pace_all());
+        }
+        actions
     }
 
     fn pace_all(&mut self) -> Vec<Action> {
@@ -1237,6 +1280,7 @@ mod tests {
             loss,
             window_cap: f64::INFINITY,
             host_cap: f64::INFINITY,
+            reader_cap: f64::INFINITY,
         }
     }
 
@@ -1401,6 +1445,7 @@ mod tests {
             loss: 0.0,
             window_cap: 2.0 * 1048576.0,
             host_cap: f64::INFINITY,
+            reader_cap: f64::INFINITY,
         };
         let r = run(path, config(4, 32, None), 60);
         let rep = r.tuner.report();
@@ -1419,6 +1464,45 @@ mod tests {
             end / GBIT,
             r.channels
         );
+    }
+
+    #[test]
+    fn channels_added_where_a_slow_receiver_holds_the_windows_are_retired() {
+        // 1 Gbit/s × 120 ms, 4 MiB windows, and a receiver that reads no more than 80 % of the
+        // link: every window is held back, as on lab path (e), and more channels bring
+        // nothing. They are retired, once, and the goodput stays where four channels had it.
+        let path = Path {
+            rate: GBIT,
+            rtt: 0.12,
+            buffer: 1.0 * GBIT * 0.12,
+            loss: 0.0,
+            window_cap: 4.0 * 1048576.0,
+            host_cap: f64::INFINITY,
+            reader_cap: 0.8 * GBIT,
+        };
+        let r = run(path, config(4, 32, None), 60);
+        let rep = r.tuner.report();
+        let said = |what: &str| rep.decisions.iter().any(|d| d.what.contains(what));
+        assert!(said("adding 2 channel(s) to 6"), "{rep:?}");
+        assert!(said("retiring them, back to 4"), "{rep:?}");
+        assert_eq!(r.channel_changes(), 2, "{:?}", r.channels);
+        assert_eq!(r.channels.last(), Some(&4), "{:?}", r.channels);
+        assert_eq!(rep.channels, 4, "{rep:?}");
+        let (start, end) = (r.mean(3, 5), r.mean(50, 60));
+        assert!(end >= 0.99 * start, "{start} → {end}");
+
+        // Windows that let four channels carry 72 % of the link: two more reach the
+        // receiver's 80 %. They do not pay, but what they brought is kept.
+        let path = Path {
+            window_cap: 0.18 * GBIT * 0.12,
+            ..path
+        };
+        let r = run(path, config(4, 32, None), 60);
+        let rep = r.tuner.report();
+        let said = |what: &str| rep.decisions.iter().any(|d| d.what.contains(what));
+        assert!(said("did not pay, the count stays"), "{rep:?}");
+        assert!(!said("retiring"), "{rep:?}");
+        assert_eq!(r.channels.last(), Some(&6), "{:?}", r.channels);
     }
 
     #[test]

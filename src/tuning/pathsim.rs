@@ -1,8 +1,9 @@
 //! A fluid model of TCP channels through one bottleneck, to test the online tuner end to end
 //! without sockets or clocks: Reno-like windows (slow start, halving on loss, one segment per
 //! RTT), a drop-tail queue in bytes, random loss, a receive-window cap and a host's rate
-//! limit per channel, and the tuner's pacing caps. It produces the `TCP_INFO` readings the estimator takes and carries
-//! out the tuner's actions. Coarse (10 ms steps, no ACK clock), but it has the three things
+//! limit per channel, a receiver's read rate for all of them, and the tuner's pacing caps.
+//! It produces the `TCP_INFO` readings the estimator takes and carries out the tuner's
+//! actions. Coarse (10 ms steps, no ACK clock), but it has the three things
 //! the tuner must get right: a queue that overflows, windows that take RTTs to grow back,
 //! and limits that more channels can or cannot beat.
 
@@ -25,6 +26,10 @@ pub(crate) struct Path {
     pub window_cap: f64,
     /// Most one channel's host sends, bytes/s (a core's worth of encryption and hashing).
     pub host_cap: f64,
+    /// Most the receiver reads of all channels together, bytes/s (its cores): above it the
+    /// receive windows close, so every channel is held back by its window and nothing is
+    /// lost, however many channels send.
+    pub reader_cap: f64,
 }
 
 const MSS: f64 = 1448.0;
@@ -32,6 +37,8 @@ const MSS: f64 = 1448.0;
 #[derive(Debug, Clone, Default)]
 struct Flow {
     sending: bool,
+    /// Retired by the tuner: sends no more.
+    retired: bool,
     cwnd: f64,
     ssthresh: f64,
     recovery_until: f64,
@@ -101,6 +108,11 @@ impl Sim {
                 }
                 Action::Release => self.flows.iter_mut().for_each(|f| f.sending = true),
                 Action::AddChannels(n) => (0..*n).for_each(|_| self.add_flow(true)),
+                Action::Retire { keep } => {
+                    for f in self.flows.iter_mut().skip(*keep as usize) {
+                        f.retired = true;
+                    }
+                }
                 Action::SetCc { .. } => {}
             }
         }
@@ -111,9 +123,9 @@ impl Sim {
         self.flows.iter().map(|f| f.rate).sum()
     }
 
-    /// Channels now.
+    /// Channels now (not retired).
     pub(crate) fn channels(&self) -> usize {
-        self.flows.len()
+        self.flows.iter().filter(|f| !f.retired).count()
     }
 
     /// Advances `dt` seconds.
@@ -124,14 +136,20 @@ impl Sim {
             .flows
             .iter()
             .map(|f| {
-                if !f.sending {
+                if !f.sending || f.retired {
                     return 0.0;
                 }
                 let window = (f.cwnd * MSS).min(p.window_cap) / rtt;
                 f.cap.map_or(window, |c| window.min(c)).min(p.host_cap)
             })
             .collect();
-        let total: f64 = offered.iter().sum();
+        let mut offered = offered;
+        let mut total: f64 = offered.iter().sum();
+        let read_limited = total > p.reader_cap;
+        if read_limited {
+            offered.iter_mut().for_each(|o| *o *= p.reader_cap / total);
+            total = p.reader_cap;
+        }
         // The bottleneck serves at most its rate: what arrives and what was queued.
         let served = p.rate.min(total + self.queue / dt);
         self.queue += (total - served) * dt;
@@ -151,7 +169,7 @@ impl Sim {
             if *o > 0.0 {
                 f.busy += dt;
                 let window_capped = f.cwnd * MSS > p.window_cap;
-                if window_capped && f.cap.is_none_or(|c| p.window_cap / rtt < c) {
+                if read_limited || window_capped && f.cap.is_none_or(|c| p.window_cap / rtt < c) {
                     f.rwnd_limited += dt;
                 }
             }
@@ -165,7 +183,8 @@ impl Sim {
                 let window_rate = f.cwnd * MSS / rtt;
                 let limited_by_window = f.cap.is_none_or(|c| window_rate < c)
                     && window_rate < p.host_cap
-                    && f.cwnd * MSS < p.window_cap;
+                    && f.cwnd * MSS < p.window_cap
+                    && !read_limited;
                 if limited_by_window {
                     if f.cwnd < f.ssthresh {
                         f.cwnd += delivered;
