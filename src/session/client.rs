@@ -70,7 +70,8 @@ pub enum PathRate {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Tune {
     /// Meter the path with the first channel when its rate is unknown, pace every channel
-    /// just below the rate, and add channels while they pay (`hsxfer::tuning::online`).
+    /// just below the rate, and add channels while they pay, retiring added ones that bring
+    /// nothing (`hsxfer::tuning::online`).
     #[default]
     Online,
     /// The settings planned at the start are final.
