@@ -234,7 +234,7 @@ struct ServeArgs {
 #[derive(Args)]
 struct TransferArgs {
     /// Number of parallel data channels, fixed (default: 4, which the online tuner may raise
-    /// while added channels pay, and lower back to 4 or more when added ones bring nothing).
+    /// while added channels pay, and lower again when added ones bring nothing, never below 4).
     #[arg(short = 'n', long = "channels")]
     channels: Option<u16>,
     /// Server port.
@@ -267,8 +267,8 @@ struct TransferArgs {
     /// Tuning: auto (use this server's saved profile for what is not given, if any; the
     /// sending side measures the path with its first channel, paces every channel just below
     /// the rate it found, and adds channels while they pay, retiring added ones that bring
-    /// nothing), probe (run `hsxfer probe` first
-    /// and use its result), or off (the settings planned at the start are final).
+    /// nothing), probe (run `hsxfer probe` first and use its result), or off (the settings
+    /// planned at the start are final).
     #[arg(long, value_name = "auto|probe|off", default_value = "auto", value_parser = <hsxfer::session::settle::Source as std::str::FromStr>::from_str)]
     tune: hsxfer::session::settle::Source,
     /// Which congestion controls tuning may choose: fair (loss-based ones only, so the

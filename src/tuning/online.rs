@@ -200,8 +200,9 @@ const MIN_GAIN_PER_CHANNEL: f64 = 0.5;
 /// Added channels that each brought less than this share of an average channel's goodput
 /// brought nothing beyond the noise of two seconds' goodput (for two added to four, 5 % of
 /// the total): they are retired. Between this and [`MIN_GAIN_PER_CHANNEL`] they stay (what
-/// they brought is kept) and the count freezes. On lab path (e), two added to four once
-/// brought 11 % (721 to 803 Mbit/s), which retiring them would give up.
+/// they brought is kept) and the count freezes. On lab path (e), two added to four brought
+/// 6 % twice (817 to 865 and 828 to 879 Mbit/s), which retiring them would give up, and 3 %
+/// once (retired).
 const MIN_GAIN_TO_KEEP: f64 = 0.1;
 
 /// What the tuner may change, fixed when the transfer starts.
@@ -893,9 +894,9 @@ impl OnlineTuner {
 
     /// Back to the first `keep` channels: the others finish the block they carry and take
     /// no more, and the caps are shared among those left. Added channels that brought
-    /// nothing cost the hosts' cores and the other traffic's share: on a 120 ms path where a
-    /// receiver that could read no faster held the windows, six channels moved 786–817
-    /// Mbit/s where four moved 826–833.
+    /// nothing still cost the hosts' cores and memory, and take the other traffic's share
+    /// when the path is shared: on 50 Mbit/s × 40 ms, where four channels whose receive
+    /// windows were all held filled the link, two more brought 0.4 of its 47.4 Mbit/s.
     fn retire(&mut self, keep: u16) -> Vec<Action> {
         self.channels = keep;
         self.report.channels = keep;

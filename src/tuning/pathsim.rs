@@ -3,9 +3,9 @@
 //! RTT), a drop-tail queue in bytes, random loss, a receive-window cap and a host's rate
 //! limit per channel, a receiver's read rate for all of them, and the tuner's pacing caps.
 //! It produces the `TCP_INFO` readings the estimator takes and carries out the tuner's
-//! actions. Coarse (10 ms steps, no ACK clock), but it has the three things
-//! the tuner must get right: a queue that overflows, windows that take RTTs to grow back,
-//! and limits that more channels can or cannot beat.
+//! actions. Coarse (10 ms steps, no ACK clock), but it has the three things the tuner must
+//! get right: a queue that overflows, windows that take RTTs to grow back, and limits that
+//! more channels can or cannot beat.
 
 use crate::channels::telemetry::{TcpSample, CA_RECOVERY};
 
