@@ -262,23 +262,42 @@ pub enum Damage {
     PastCheck,
 }
 
+/// Where a block's digest comes from when it is written.
+#[derive(Clone, Copy)]
+pub enum Digesting<'a> {
+    /// Hash the payload with this key as it goes out.
+    Hash(&'a DigestKey),
+    /// The payload's digest is already known: a bench sends one pattern again and again, so
+    /// its sender hashes it once (the receiver still hashes every block on arrival).
+    Known(Digest),
+}
+
 /// Writes a block frame: header, the payload in [`PIECE`]s (each hashed just before the
 /// kernel copies it, so it is read from memory once), and the trailer. The header goes out
 /// with the first piece and the trailer with the last, in one vectored write each: a small
 /// block is then one write and, inside TLS, no record of its own for either (three writes
 /// per 64 KiB file were most of a small-file sender's system calls). Returns the digest of
-/// the payload as read from the source (before any injected damage).
+/// the payload as read from the source (before any injected damage; `damage` needs
+/// [`Digesting::Hash`]).
 pub async fn write_block<W: AsyncWrite + Unpin>(
     w: &mut W,
     header: &BlockHeader,
     payload: &[u8],
-    key: &DigestKey,
+    digesting: Digesting<'_>,
     damage: Damage,
 ) -> Result<Digest> {
     let head = header.encode();
     let mut head = Some(&head[..]);
-    let mut truth = BlockCheck::new(key);
-    let mut sent = (damage == Damage::PastCheck).then(|| BlockCheck::new(key));
+    let (mut truth, mut sent) = match digesting {
+        Digesting::Hash(key) => (
+            Some(BlockCheck::new(key)),
+            (damage == Damage::PastCheck).then(|| BlockCheck::new(key)),
+        ),
+        Digesting::Known(_) => {
+            debug_assert_eq!(damage, Damage::None, "damage needs the payload hashed");
+            (None, None)
+        }
+    };
     // The last piece leaves with the trailer, so it is split off (an empty payload is one
     // empty last piece).
     let last_len = payload.len().checked_sub(1).map_or(0, |n| n % PIECE + 1);
@@ -288,7 +307,10 @@ pub async fn write_block<W: AsyncWrite + Unpin>(
         write_pieces(w, [head.take(), Some(&out), None]).await?;
     }
     let out = hashed_piece(last, head.is_some(), damage, &mut truth, &mut sent);
-    let digest = truth.finish();
+    let digest = match (digesting, truth) {
+        (Digesting::Known(d), _) => d,
+        (Digesting::Hash(_), truth) => truth.expect("hashed as it went out").finish(),
+    };
     let trailer = sent.map_or(digest, |s| s.finish());
     write_pieces(w, [head.take(), Some(&out), Some(&trailer.0)]).await?;
     // Inside TLS the last record waits in the session until flushed.
@@ -296,16 +318,19 @@ pub async fn write_block<W: AsyncWrite + Unpin>(
     Ok(digest)
 }
 
-/// Hashes `piece` into `truth` and returns the bytes to send: damaged (the first piece only,
-/// tests of the integrity path), and hashed into `sent` as sent.
+/// Hashes `piece` into `truth` (unless the digest is known) and returns the bytes to send:
+/// damaged (the first piece only, tests of the integrity path), and hashed into `sent` as
+/// sent.
 fn hashed_piece<'a>(
     piece: &'a [u8],
     first: bool,
     damage: Damage,
-    truth: &mut BlockCheck,
+    truth: &mut Option<BlockCheck>,
     sent: &mut Option<BlockCheck>,
 ) -> std::borrow::Cow<'a, [u8]> {
-    truth.update(piece);
+    if let Some(t) = truth {
+        t.update(piece);
+    }
     let out = if first && damage != Damage::None && !piece.is_empty() {
         std::borrow::Cow::Owned(flipped(piece))
     } else {
