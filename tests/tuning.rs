@@ -65,6 +65,39 @@ fn token(lab: &Lab) -> String {
     lab.state.token_file.to_str().unwrap().to_string()
 }
 
+/// A lab of `rate_bps` × 40 ms with `queue`, whose receiver's sockets autotune to at most
+/// 256 KiB, about half of it window (with `--buffer kernel`: an explicit SO_RCVBUF, which
+/// hsxfer sets where it beats autotuning, would be capped by net.core.rmem_max instead,
+/// which is not per network namespace). Removed when the [`Cleanup`] drops.
+fn lab_with_small_windows(tag: &str, rate_bps: u64, queue: QueueSize) -> (Lab, LabSpec, Cleanup) {
+    let spec = LabSpec {
+        name: name(tag),
+        rate_bps,
+        rtts: vec![Duration::from_millis(40)],
+        queue,
+        ..LabSpec::default()
+    };
+    let cleanup = Cleanup(spec.name.clone());
+    let lab = Lab::up(&spec, program()).unwrap();
+    let set = lab
+        .command(Host::Receiver, "sysctl")
+        .args(["-qw", "net.ipv4.tcp_rmem=4096 131072 262144"])
+        .status()
+        .unwrap();
+    assert!(set.success());
+    (lab, spec, cleanup)
+}
+
+/// How many of the online tuner's decisions say `what`.
+fn decisions_saying(online: &Value, what: &str) -> usize {
+    online["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["what"].as_str().unwrap().contains(what))
+        .count()
+}
+
 /// Runs `f` and the share of the delay element's releases meanwhile that came more than
 /// 1 ms late (to its first publication of statistics after `f` ended).
 fn with_late_share<T>(lab: &Lab, f: impl FnOnce() -> T) -> (T, Option<f64>) {
@@ -251,25 +284,9 @@ fn the_online_tuner_adds_channels_a_window_holds_back_and_settles() {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    // 200 Mbit/s × 40 ms is 1 MB; the receiver's sockets autotune to at most 256 KiB, of
-    // which about half is window: four channels carry about half the path. (`--buffer
-    // kernel`: an explicit SO_RCVBUF, which hsxfer sets where it beats autotuning, would be
-    // capped by net.core.rmem_max instead, which is not per network namespace.)
-    let spec = LabSpec {
-        name: name("g"),
-        rate_bps: 200_000_000,
-        rtts: vec![Duration::from_millis(40)],
-        queue: QueueSize::Bdp(1.0),
-        ..LabSpec::default()
-    };
-    let _cleanup = Cleanup(spec.name.clone());
-    let lab = Lab::up(&spec, program()).unwrap();
-    let set = lab
-        .command(Host::Receiver, "sysctl")
-        .args(["-qw", "net.ipv4.tcp_rmem=4096 131072 262144"])
-        .status()
-        .unwrap();
-    assert!(set.success());
+    // 200 Mbit/s × 40 ms is 1 MB; with the receiver's small windows four channels carry
+    // about half the path.
+    let (lab, spec, _cleanup) = lab_with_small_windows("g", 200_000_000, QueueSize::Bdp(1.0));
     let server = lab.addr(Host::Receiver).to_string();
     let token = token(&lab);
     let ceiling = spec.goodput_ceiling_bps();
@@ -309,12 +326,7 @@ fn the_online_tuner_adds_channels_a_window_holds_back_and_settles() {
     let online = &tuned["tuning"]["online"];
     eprintln!("online tuner: {online}");
     let channels = online["channels"].as_u64().unwrap();
-    let additions = online["decisions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|d| d["what"].as_str().unwrap().contains("adding"))
-        .count();
+    let additions = decisions_saying(online, "adding");
     assert!(channels > 4, "no channel was added: {online}");
     assert!(
         additions <= 3,
@@ -343,26 +355,12 @@ fn the_online_tuner_retires_added_channels_that_did_not_pay() {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    // 50 Mbit/s × 40 ms is 250 kB, with a queue of twice that. The receiver's sockets
-    // autotune to at most 256 KiB, about half of it window: the meter's one channel carries
-    // about 30 Mbit/s, four fill the link with every window held back and nothing lost, and
-    // two more can bring nothing. The tuner adds them, finds they did not pay, and retires
-    // them: they carry no more blocks, and the transfer ends as usual.
-    let spec = LabSpec {
-        name: name("r"),
-        rate_bps: 50_000_000,
-        rtts: vec![Duration::from_millis(40)],
-        queue: QueueSize::Bdp(2.0),
-        ..LabSpec::default()
-    };
-    let _cleanup = Cleanup(spec.name.clone());
-    let lab = Lab::up(&spec, program()).unwrap();
-    let set = lab
-        .command(Host::Receiver, "sysctl")
-        .args(["-qw", "net.ipv4.tcp_rmem=4096 131072 262144"])
-        .status()
-        .unwrap();
-    assert!(set.success());
+    // 50 Mbit/s × 40 ms is 250 kB, with a queue of twice that. With the receiver's small
+    // windows the meter's one channel carries about 30 Mbit/s, four fill the link with every
+    // window held back and nothing lost, and two more can bring nothing. The tuner adds
+    // them, finds they did not pay, and retires them: they carry no more blocks, and the
+    // transfer ends as usual.
+    let (lab, _spec, _cleanup) = lab_with_small_windows("r", 50_000_000, QueueSize::Bdp(2.0));
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("trace.csv");
     let out = last_json(&on_sender(
@@ -396,10 +394,7 @@ fn the_online_tuner_retires_added_channels_that_did_not_pay() {
         .as_f64()
         .unwrap();
     assert_eq!(online["channels"], 4, "{online}");
-    let additions = decisions
-        .iter()
-        .filter(|d| d["what"].as_str().unwrap().contains("adding"))
-        .count();
+    let additions = decisions_saying(online, "adding");
     assert_eq!(additions, 1, "the count must freeze once retired: {online}");
 
     // Bytes each channel had acknowledged by `t` (the trace's rows, per channel, in time).

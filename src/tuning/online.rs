@@ -1285,6 +1285,20 @@ mod tests {
         }
     }
 
+    /// 1 Gbit/s × 120 ms with a 1-BDP queue, no loss, windows of `window_cap` bytes, and a
+    /// receiver that reads at most `reader_cap` bytes/s.
+    fn path_120ms(window_cap: f64, reader_cap: f64) -> Path {
+        Path {
+            rate: GBIT,
+            rtt: 0.12,
+            buffer: 1.0 * GBIT * 0.12,
+            loss: 0.0,
+            window_cap,
+            host_cap: f64::INFINITY,
+            reader_cap,
+        }
+    }
+
     /// What a simulated run showed.
     struct Run {
         tuner: OnlineTuner,
@@ -1439,15 +1453,7 @@ mod tests {
     #[test]
     fn a_capped_window_adds_channels_a_few_times_and_never_loses_goodput() {
         // 1 Gbit/s × 120 ms (15 MB BDP), 2 MiB windows: four channels carry about half.
-        let path = Path {
-            rate: GBIT,
-            rtt: 0.12,
-            buffer: 1.0 * GBIT * 0.12,
-            loss: 0.0,
-            window_cap: 2.0 * 1048576.0,
-            host_cap: f64::INFINITY,
-            reader_cap: f64::INFINITY,
-        };
+        let path = path_120ms(2.0 * 1048576.0, f64::INFINITY);
         let r = run(path, config(4, 32, None), 60);
         let rep = r.tuner.report();
         assert_eq!(rep.meter, Some(MeterEnd::WindowLimited), "{rep:?}");
@@ -1472,15 +1478,7 @@ mod tests {
         // 1 Gbit/s × 120 ms, 4 MiB windows, and a receiver that reads no more than 80 % of the
         // link: every window is held back, as on lab path (e), and more channels bring
         // nothing. They are retired, once, and the goodput stays where four channels had it.
-        let path = Path {
-            rate: GBIT,
-            rtt: 0.12,
-            buffer: 1.0 * GBIT * 0.12,
-            loss: 0.0,
-            window_cap: 4.0 * 1048576.0,
-            host_cap: f64::INFINITY,
-            reader_cap: 0.8 * GBIT,
-        };
+        let path = path_120ms(4.0 * 1048576.0, 0.8 * GBIT);
         let r = run(path, config(4, 32, None), 60);
         let rep = r.tuner.report();
         let said = |what: &str| rep.decisions.iter().any(|d| d.what.contains(what));
