@@ -14,6 +14,7 @@ use std::time::Duration;
 use common::netns::root_or_skip;
 use common::{late_text, random_file};
 use hsxfer::lab::element::{faithful, Releases};
+use hsxfer::lab::flows::parse_trace;
 use hsxfer::lab::{Host, Lab, LabSpec, QueueSize};
 use serde_json::Value;
 
@@ -398,29 +399,24 @@ fn the_online_tuner_retires_added_channels_that_did_not_pay() {
     assert_eq!(additions, 1, "the count must freeze once retired: {online}");
 
     // Bytes each channel had acknowledged by `t` (the trace's rows, per channel, in time).
-    let text = std::fs::read_to_string(&trace).unwrap();
-    let rows: Vec<Vec<&str>> = text
-        .lines()
-        .skip(1)
-        .map(|l| l.split(',').collect())
-        .collect();
-    let acked_by = |channel: &str, t: f64| -> u64 {
+    let rows = parse_trace(&std::fs::read_to_string(&trace).unwrap());
+    let acked_by = |channel: u16, t: f64| -> u64 {
         rows.iter()
             .rev()
-            .find(|r| r[1] == channel && r[0].parse::<f64>().unwrap() <= t)
-            .map_or(0, |r| r[11].parse::<u64>().unwrap())
+            .find(|r| r.channel == channel && r.t <= t)
+            .map_or(0, |r| r.bytes_acked)
     };
     // A retired channel finishes the block it carries (at most a second at its share here).
     let (from, to) = (retired_at + 2.0, 9.5);
     assert!(from < to, "retired too late to check: {online}");
-    for ch in ["0", "1", "2", "3"] {
+    for ch in 0..4 {
         let moved = acked_by(ch, to) - acked_by(ch, from);
         assert!(
             moved > 0,
             "channel {ch} idle after the retirement: {online}"
         );
     }
-    for ch in ["4", "5"] {
+    for ch in 4..6 {
         assert!(
             acked_by(ch, from) > 0,
             "channel {ch} never carried data: {online}"

@@ -307,9 +307,9 @@ pub async fn write_block<W: AsyncWrite + Unpin>(
         write_pieces(w, [head.take(), Some(&out), None]).await?;
     }
     let out = hashed_piece(last, head.is_some(), damage, &mut truth, &mut sent);
-    let digest = match (digesting, truth) {
-        (Digesting::Known(d), _) => d,
-        (Digesting::Hash(_), truth) => truth.expect("hashed as it went out").finish(),
+    let digest = match digesting {
+        Digesting::Known(d) => d,
+        Digesting::Hash(_) => truth.expect("hashed as it went out").finish(),
     };
     let trailer = sent.map_or(digest, |s| s.finish());
     write_pieces(w, [head.take(), Some(&out), Some(&trailer.0)]).await?;

@@ -1299,6 +1299,11 @@ mod tests {
         }
     }
 
+    /// Whether one of the tuner's decisions says `what`.
+    fn said(rep: &TunerReport, what: &str) -> bool {
+        rep.decisions.iter().any(|d| d.what.contains(what))
+    }
+
     /// What a simulated run showed.
     struct Run {
         tuner: OnlineTuner,
@@ -1481,9 +1486,8 @@ mod tests {
         let path = path_120ms(4.0 * 1048576.0, 0.8 * GBIT);
         let r = run(path, config(4, 32, None), 60);
         let rep = r.tuner.report();
-        let said = |what: &str| rep.decisions.iter().any(|d| d.what.contains(what));
-        assert!(said("adding 2 channel(s) to 6"), "{rep:?}");
-        assert!(said("retiring them, back to 4"), "{rep:?}");
+        assert!(said(rep, "adding 2 channel(s) to 6"), "{rep:?}");
+        assert!(said(rep, "retiring them, back to 4"), "{rep:?}");
         assert_eq!(r.channel_changes(), 2, "{:?}", r.channels);
         assert_eq!(r.channels.last(), Some(&4), "{:?}", r.channels);
         assert_eq!(rep.channels, 4, "{rep:?}");
@@ -1498,9 +1502,8 @@ mod tests {
         };
         let r = run(path, config(4, 32, None), 60);
         let rep = r.tuner.report();
-        let said = |what: &str| rep.decisions.iter().any(|d| d.what.contains(what));
-        assert!(said("did not pay, the count stays"), "{rep:?}");
-        assert!(!said("retiring"), "{rep:?}");
+        assert!(said(rep, "did not pay, the count stays"), "{rep:?}");
+        assert!(!said(rep, "retiring"), "{rep:?}");
         assert_eq!(r.channels.last(), Some(&6), "{:?}", r.channels);
     }
 
@@ -1847,12 +1850,7 @@ mod tests {
         }
         let rep = d.tuner.report();
         assert!(rate_of(rep) <= link, "{rep:?}");
-        assert!(
-            rep.decisions
-                .iter()
-                .any(|d| d.what.contains("filled a queue")),
-            "{rep:?}"
-        );
+        assert!(said(rep, "filled a queue"), "{rep:?}");
     }
 
     #[test]
