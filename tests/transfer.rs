@@ -695,10 +695,12 @@ async fn stopped_midway<T: std::fmt::Debug>(
     r
 }
 
-/// A stopped server lets go of the files it was receiving before `Stopper::stop` returns:
-/// block writes still running on its file threads when the session ended (here each takes
-/// 1 s) held the part file locked, and the same push run again at once was refused with
-/// "being received by another transfer" (a CI run of the test below).
+/// A stopped server lets go of the files it was receiving before `Stopper::stop` returns.
+/// Twice a CI run of the test below found the part file still locked, and the same push run
+/// again at once was refused with "being received by another transfer": once a block write
+/// still running on a file thread when the session ended held it (here each takes 1 s), once
+/// the file's close, which syncs its data for the journal, had not finished (here each close
+/// takes 1 s longer).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_server_lets_go_of_its_part_files_before_it_returns() {
     let src = tempfile::tempdir().unwrap();
@@ -706,6 +708,7 @@ async fn a_stopped_server_lets_go_of_its_part_files_before_it_returns() {
     random_file(&src.path().join("f"), 64 << 20, 6);
     let faults = FaultInjection {
         slow_block_writes: Some(std::time::Duration::from_millis(1000)),
+        slow_part_closes: Some(std::time::Duration::from_millis(1000)),
         ..FaultInjection::default()
     };
     let (addr, stopper) = stoppable_server(root.path(), faults).await;

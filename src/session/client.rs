@@ -469,6 +469,7 @@ impl Client {
             growth: Some(growth),
             crash_at: None,
             slow_block_writes: None,
+            slow_part_closes: None,
             budget: Some(super::budget::FileBudget::of_clients()),
             stop: None,
         }

@@ -17,4 +17,7 @@ pub struct FaultInjection {
     /// A receiving server takes this much longer over every block it writes (on its file
     /// threads): a block write then outlives a session that ends meanwhile.
     pub slow_block_writes: Option<std::time::Duration>,
+    /// A receiving server takes this much longer to close each part file a session leaves
+    /// unfinished (as the data sync of a slow disk does).
+    pub slow_part_closes: Option<std::time::Duration>,
 }

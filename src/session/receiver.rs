@@ -85,6 +85,8 @@ pub struct ReceiveEngine<R, W> {
     pub crash_at: Option<CommitStep>,
     /// Test fault: every block write takes this much longer.
     pub slow_block_writes: Option<Duration>,
+    /// Test fault: closing each file a session leaves unfinished takes this much longer.
+    pub slow_part_closes: Option<Duration>,
     /// The process's budget of open files, shared with its other sessions; `None` bounds
     /// the session only by [`crate::channels::limits::MAX_UNFINISHED_FILES`].
     pub budget: Option<FileBudget>,
@@ -108,9 +110,9 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         // closes its channels.
         let result = self.drive(&shared, &ev_tx, ev_rx, &work, &mut tasks).await;
         let out = conclude(result, &mut self.ctrl_r, &mut self.ctrl_w, tasks).await;
-        let unfinished: Vec<_> = lock(&shared).targets.values().map(Arc::downgrade).collect();
+        let unfinished: Vec<_> = lock(&shared).targets.drain().map(|(_, t)| t).collect();
         drop(shared);
-        let held = released(unfinished).await;
+        let held = close_unfinished(unfinished, &work, self.slow_part_closes).await;
         let out = out?;
         if held > 0 {
             tracing::warn!("{held} part files were still held by file jobs when the session ended");
@@ -523,21 +525,45 @@ fn prepare_chunk(
 /// How long a session that ends waits for file jobs to let go of its unfinished files.
 const RELEASE_WAIT: Duration = Duration::from_secs(10);
 
-/// Waits until no job holds any of `unfinished` (up to [`RELEASE_WAIT`]); returns how many
-/// are still held then. A part file stays locked while anything holds it: a block write or a
-/// commit queued on the session's [`FileWork`], or a channel task that its failure aborted
-/// but that still runs. A session that ended before they let go left its files locked, and
-/// the same copy run again at once (after a server's stop, say) was refused with "being
-/// received by another transfer".
-async fn released(unfinished: Vec<std::sync::Weak<Target>>) -> usize {
+/// Closes the files a session leaves unfinished, on a file thread, once no job holds them
+/// (up to [`RELEASE_WAIT`]); returns how many a job still held then (those close when it
+/// lets go).
+///
+/// A part file stays locked until it is closed, and closing one first syncs its data so that
+/// its journal stays true for a resume: an `fdatasync`, seconds on a slow disk. A block write
+/// or commit queued on the session's [`FileWork`], or a channel task its failure aborted but
+/// that still runs, can hold a file when the session ends. The session used to wait only
+/// until they had let go, and whichever let go last closed the file while the session had
+/// already ended: the same copy run again at once (after a server's stop, say) was refused
+/// with "being received by another transfer" (a CI run). Here the session holds the last
+/// reference and ends once the files are closed. `slow` is a test fault: each close takes
+/// that much longer.
+async fn close_unfinished(
+    unfinished: Vec<Arc<Target>>,
+    work: &FileWork,
+    slow: Option<Duration>,
+) -> usize {
+    if unfinished.is_empty() {
+        return 0;
+    }
+    let held_by_jobs = |u: &[Arc<Target>]| u.iter().filter(|t| Arc::strong_count(t) > 1).count();
     let deadline = tokio::time::Instant::now() + RELEASE_WAIT;
-    loop {
-        let held = unfinished.iter().filter(|t| t.strong_count() > 0).count();
-        if held == 0 || tokio::time::Instant::now() >= deadline {
-            return held;
-        }
+    while held_by_jobs(&unfinished) > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    let held = held_by_jobs(&unfinished);
+    let closing = work.run("closing the unfinished files", move || {
+        for t in unfinished {
+            if let Some(d) = slow {
+                std::thread::sleep(d);
+            }
+            drop(t);
+        }
+    });
+    if let Err(e) = closing.await {
+        tracing::warn!("{e}");
+    }
+    held
 }
 
 /// Applies directory modes and mtimes after their contents are in place, deepest first,

@@ -571,6 +571,7 @@ async fn control(
                 growth: Some(growth(reserve, tx, rx, setup, None)),
                 crash_at: faults.crash_at,
                 slow_block_writes: faults.slow_block_writes,
+                slow_part_closes: faults.slow_part_closes,
                 budget: Some(state.files.clone()),
                 stop: Some(state.stop.subscribe()),
             }
