@@ -329,6 +329,62 @@ async fn a_data_channel_sending_garbage_ends_only_its_session() {
     push_ok(addr, Auth::NoAuth, &src.path().join("f"), "fine").await;
 }
 
+/// Data channels may join as soon as their session has authenticated, before its request
+/// (clients dial them beside the control connection), but only into the slots the request
+/// then names: one that joined as channel 3 of a session that asks for 1 ends it, and no
+/// file is made.
+#[tokio::test]
+async fn a_channel_that_joined_before_the_request_beyond_its_count_ends_the_session() {
+    use hsxfer::channels::auth::TokenKey;
+    use hsxfer::channels::control::{self, Message, Operation, Request, PROTOCOL_VERSION};
+    use hsxfer::session::handshake;
+    let root = tempfile::tempdir().unwrap();
+    let src = tempfile::tempdir().unwrap();
+    random_file(&src.path().join("f"), 1 << 20, 4);
+    let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
+    let key = TokenKey::from_token(b"");
+    let mut ctrl = open(addr).await;
+    // Opened first, so that the joins leave the moment the session is welcomed, as a
+    // client's do.
+    let mut early = [open(addr).await, open(addr).await];
+    let (session, skey) = handshake::client_control(&mut ctrl, &key, "t")
+        .await
+        .unwrap();
+    for (data, channel) in early.iter_mut().zip([0, 3]) {
+        handshake::client_join(data, &skey, session, channel, "t")
+            .await
+            .expect("a join before the request is admitted");
+    }
+    let (mut r, mut w) = control_pair(ctrl, &skey, Side::Client);
+    let req = Message::Request(Request {
+        version: PROTOCOL_VERSION,
+        op: Operation::Push {
+            dest: "early".into(),
+            sources: 1,
+        },
+        channels: 1,
+        block_size: 1 << 20,
+        tuning: control::Tuning::kernel_defaults(1),
+    });
+    w.send(&req).await.unwrap();
+    let mut said = Vec::new();
+    let heard = async {
+        while let Ok(Some(m)) = r.recv().await {
+            said.push(format!("{m:?}"));
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(15), heard)
+        .await
+        .expect("the session ends");
+    assert!(
+        said.iter()
+            .any(|m| m.contains("data channel 3 joined a session of 1 channels")),
+        "the server says why: {said:?}"
+    );
+    assert!(!root.path().join("early").exists());
+    push_ok(addr, Auth::NoAuth, &src.path().join("f"), "fine").await;
+}
+
 /// A session's control connection, authenticated, with its id and key.
 struct Opened {
     r: ControlReader<ReadPart>,

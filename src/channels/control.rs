@@ -18,7 +18,9 @@ use super::Digest;
 pub const MAX_CONTROL_FRAME: u32 = 16 << 20;
 
 /// Protocol version carried in every request; a server refuses versions it does not speak.
-pub const PROTOCOL_VERSION: u32 = 5;
+/// Version 6: data channels may join as soon as the session has authenticated, before its
+/// request (a server of version 5 refuses such joins).
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// Bytes of the MAC after every control frame.
 pub const TAG_LEN: usize = 16;

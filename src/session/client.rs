@@ -13,8 +13,10 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::faults::FaultInjection;
-use super::growth::{timed_connect, Arrivals, Connector, Dialer, Growth, Joiner, Setup};
-use super::handshake;
+use super::growth::{
+    connect_channel, timed_connect, Arrivals, Connector, Dialer, Growth, Joiner, Setup,
+};
+use super::handshake::{self, Opener};
 use super::mptcp_paths::{MptcpPaths, PathManager};
 use super::receiver::{ReceiveEngine, Sink};
 use super::report::{LiveStats, SideOutcome, TransferReport, TuningReport};
@@ -570,7 +572,7 @@ impl Client {
             check_congestion(&t, "client")?;
         }
         let addrs = self.resolve().await?;
-        let (addr, opened) = self.connect_control(&addrs).await?;
+        let (addr, tcp) = self.connect_tcp(&addrs).await?;
         let mut pm = match self.opts.mptcp {
             true => PathManager::set_up(
                 addr.ip(),
@@ -580,32 +582,34 @@ impl Client {
             )?,
             false => PathManager::none(self.opts.channels),
         };
+        let peer = addr.to_string();
+        let path = PathFacts {
+            link_speed: interface_speed(&tcp),
+            mss: tcp_info(&tcp).map(|t| t.mss).unwrap_or(0),
+        };
+        // Once the RTT is known (the kernel's sample of the connect) the data channels are
+        // planned and connected; they open (TLS) once the control connection has, and join
+        // once it has authenticated, while the request is on its way.
+        let (ready_tx, ready_rx) = watch::channel(Ready::Connecting);
+        let early = match self.opts.rtt.or_else(|| kernel_rtt(&tcp)) {
+            Some(rtt) => {
+                let p = self.prepare(rtt, path, &pm, we_send, live)?;
+                let joins = dial_channels(addr, &peer, &p.plan, n, &ready_rx);
+                Some((p, joins))
+            }
+            None => None,
+        };
         let OpenedControl {
             stream: mut ctrl,
             opener,
             note: key_note,
-        } = opened;
-        let peer = addr.to_string();
-        let path = PathFacts {
-            link_speed: interface_speed(ctrl.tcp()),
-            mss: tcp_info(ctrl.tcp()).map(|t| t.mss).unwrap_or(0),
-        };
-        // Once the RTT is known the data channels are planned and dialed (TCP and TLS) while
-        // the control connection authenticates; they join once the request is accepted.
-        let (accepted_tx, accepted_rx) = watch::channel(None);
+        } = open_control(&self.opts.security, &self.server_name(), tcp, &peer).await?;
+        ready_tx.send_replace(Ready::Opened(opener.clone()));
         let dial = |prepared: &Prepared| Dialer {
             addr,
             peer: peer.clone(),
             plan: prepared.plan.clone(),
             opener: opener.clone(),
-        };
-        let early = match self.opts.rtt.or_else(|| kernel_rtt(ctrl.tcp())) {
-            Some(rtt) => {
-                let p = self.prepare(rtt, path, &pm, we_send, live)?;
-                let joins = dial_channels(dial(&p), n, &accepted_rx);
-                Some((p, joins))
-            }
-            None => None,
         };
         let (session, skey) =
             handshake::client_control(&mut ctrl, &self.opts.auth.key(), &peer).await?;
@@ -617,7 +621,7 @@ impl Client {
             None => {
                 let rtt = ping_rtt(&mut opening, &mut ctrl_r, &mut ctrl_w).await?;
                 let p = self.prepare(rtt, path, &pm, we_send, live)?;
-                let joins = dial_channels(dial(&p), n, &accepted_rx);
+                let joins = dial_channels(addr, &peer, &p.plan, n, &ready_rx);
                 (p, joins)
             }
         };
@@ -626,6 +630,7 @@ impl Client {
             session,
             key: skey,
         };
+        ready_tx.send_replace(Ready::Session(connector.clone()));
         let Prepared {
             tuning,
             plan,
@@ -649,7 +654,6 @@ impl Client {
             Answer::Accepted { notes, .. } => report.notes.extend(notes),
             other => unreachable!("a request is answered by its acceptance, not {other:?}"),
         }
-        accepted_tx.send_replace(Some(connector.clone()));
         let mut channels = Vec::new();
         while let Some(j) = joins.join_next().await {
             channels.push(j.map_err(Error::task("connecting a data channel"))??);
@@ -858,6 +862,19 @@ impl Client {
     /// Connects the control connection to the first address that answers and opens it as
     /// the options' [`Security`] says.
     async fn connect_control(&self, addrs: &[SocketAddr]) -> Result<(SocketAddr, OpenedControl)> {
+        let (addr, tcp) = self.connect_tcp(addrs).await?;
+        let opened = open_control(
+            &self.opts.security,
+            &self.server_name(),
+            tcp,
+            &addr.to_string(),
+        )
+        .await?;
+        Ok((addr, opened))
+    }
+
+    /// The control connection's TCP connection, to the first address that answers.
+    async fn connect_tcp(&self, addrs: &[SocketAddr]) -> Result<(SocketAddr, TcpStream)> {
         let ctl_opts = SocketOptions {
             nodelay: true,
             ..Default::default()
@@ -865,12 +882,7 @@ impl Client {
         let mut last_err = None;
         for a in addrs {
             match timed_connect(*a, &ctl_opts).await {
-                Ok(s) => {
-                    let opened =
-                        open_control(&self.opts.security, &self.server_name(), s, &a.to_string())
-                            .await?;
-                    return Ok((*a, opened));
-                }
+                Ok(s) => return Ok((*a, s)),
                 Err(e) => last_err = Some(e),
             }
         }
@@ -934,30 +946,68 @@ async fn ping_rtt(
 }
 
 /// How long a channel dialed early may wait for the session before it joins: the server
-/// closes a connection that has not joined within its handshake timeout (10 s by default),
-/// and a pull's request is accepted only once the server has listed its sources. A channel
-/// that waited longer is dialed again.
+/// closes a connection that has not joined within its handshake timeout (10 s by default).
+/// A channel that waited longer is dialed again.
 const EARLY_JOIN_WITHIN: Duration = Duration::from_secs(3);
 
-/// Dials the session's `n` data channels; each joins once `accepted` holds the session's
-/// connector (the server accepted the request). Dropping the set aborts them.
+/// How far the control connection has come, for the data channels dialed beside it.
+#[derive(Clone)]
+enum Ready {
+    /// Its TLS (or clear-text preface) is under way: the channels connect.
+    Connecting,
+    /// It is open: the channels open the same way (in TLS, accepting its key).
+    Opened(Opener),
+    /// It has authenticated: the channels join the session.
+    Session(Connector),
+}
+
+impl Ready {
+    fn opener(&self) -> Option<Opener> {
+        match self {
+            Ready::Connecting => None,
+            Ready::Opened(o) => Some(o.clone()),
+            Ready::Session(c) => Some(c.dialer.opener.clone()),
+        }
+    }
+
+    fn connector(&self) -> Option<Connector> {
+        match self {
+            Ready::Session(c) => Some(c.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// Dials the session's `n` data channels to `addr` with the plan's socket options; each
+/// opens once `ready` holds the control connection's opener, and joins once it holds the
+/// session's connector. Dropping the set aborts them.
 fn dial_channels(
-    dialer: Dialer,
+    addr: SocketAddr,
+    peer: &str,
+    plan: &Arc<LocalPlan>,
     n: u16,
-    accepted: &watch::Receiver<Option<Connector>>,
+    ready: &watch::Receiver<Ready>,
 ) -> JoinSet<Result<(u16, Stream)>> {
     let mut joins = JoinSet::new();
     for ch in 0..n {
-        let (dialer, mut accepted) = (dialer.clone(), accepted.clone());
+        let (peer, plan, mut ready) = (peer.to_string(), plan.clone(), ready.clone());
         joins.spawn(async move {
             let dialed = Instant::now();
-            let mut s = dialer.open(ch).await?;
-            let connector = match accepted.wait_for(Option::is_some).await {
-                Ok(c) => c.clone().expect("waited for a connector"),
+            let tcp = connect_channel(addr, &plan, ch).await?;
+            let opener = match ready.wait_for(|r| r.opener().is_some()).await {
+                Ok(r) => r.opener().expect("waited for an opener"),
+                Err(_) => return Err(Error::PeerVanished),
+            };
+            let mut s = opener
+                .open(tcp, &peer)
+                .await
+                .map_err(super::secure::data_channel_error)?;
+            let connector = match ready.wait_for(|r| r.connector().is_some()).await {
+                Ok(r) => r.connector().expect("waited for a connector"),
                 Err(_) => return Err(Error::PeerVanished),
             };
             if dialed.elapsed() > EARLY_JOIN_WITHIN {
-                s = dialer.open(ch).await?;
+                s = connector.dialer.open(ch).await?;
             }
             connector.join_opened(&mut s, ch).await?;
             Ok((ch, s))

@@ -66,14 +66,24 @@ impl Dialer {
     /// writes, and Nagle would hold the second until the first is acknowledged, a round trip
     /// plus the server's delayed ACK (100 ms on a 60 ms path).
     pub async fn open(&self, index: u16) -> Result<Stream> {
-        let mut opts = self.plan.for_channel(index as usize);
-        opts.nodelay = true;
-        let tcp = timed_connect(self.addr, &opts).await?;
+        let tcp = connect_channel(self.addr, &self.plan, index).await?;
         self.opener
             .open(tcp, &self.peer)
             .await
             .map_err(super::secure::data_channel_error)
     }
+}
+
+/// Connects data channel `index` to `addr` with the plan's socket options, sending at once
+/// (`TCP_NODELAY`) until it has joined ([`Dialer::open`] says why).
+pub(crate) async fn connect_channel(
+    addr: SocketAddr,
+    plan: &LocalPlan,
+    index: u16,
+) -> Result<TcpStream> {
+    let mut opts = plan.for_channel(index as usize);
+    opts.nodelay = true;
+    timed_connect(addr, &opts).await
 }
 
 /// What a client needs to connect more channels to its session.

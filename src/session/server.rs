@@ -90,6 +90,16 @@ struct Pending {
 }
 
 impl State {
+    /// Leaves `session` the join slots of its `n` channels, once its request says how many:
+    /// until then any of the protocol's may be taken. A channel that joined in a slot beyond
+    /// `n` is still delivered, and refused by the session.
+    fn slots_for(&self, session: SessionId, n: u16) {
+        let mut pending = self.pending.lock().expect("sessions lock");
+        if let Some(p) = pending.get_mut(&session) {
+            p.joined.truncate(n as usize);
+        }
+    }
+
     /// Reserves join slots for `count` more channels of `session`; returns the first index,
     /// or `None` when the session would exceed [`limits::MAX_CHANNELS`].
     fn reserve(&self, session: SessionId, count: u16) -> Option<u16> {
@@ -101,6 +111,36 @@ impl State {
         }
         p.joined.resize(first + count as usize, false);
         u16::try_from(first).ok()
+    }
+}
+
+/// A session's join slots, and the channels that joined in them.
+struct SessionSlots {
+    _slots: Slots,
+    tx: mpsc::UnboundedSender<(u16, Stream)>,
+    rx: mpsc::UnboundedReceiver<(u16, Stream)>,
+}
+
+impl SessionSlots {
+    /// Opens the slots of an authenticated session. Its data channels may join from then on,
+    /// while its request is on its way (a client dials them beside its control connection):
+    /// until the request says how many the session has ([`State::slots_for`]), any of the
+    /// protocol's may be taken, and the joined wait in `rx` for the request to be read.
+    fn open(state: &Arc<State>, session: SessionId, key: &SessionKey) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        state.pending.lock().expect("sessions lock").insert(
+            session,
+            Pending {
+                key: key.clone(),
+                joined: vec![false; limits::MAX_CHANNELS as usize],
+                tx: tx.clone(),
+            },
+        );
+        let _slots = Slots {
+            state: state.clone(),
+            session,
+        };
+        SessionSlots { _slots, tx, rx }
     }
 }
 
@@ -416,10 +456,12 @@ async fn connection(
                     });
                 }
             };
+            // Before the welcome: the client joins its data channels as soon as it has it.
+            let slots = SessionSlots::open(&state, session, &skey);
             m.welcome();
             handshake::answer(&mut s, &mut m).await?;
             s.tcp().set_nodelay(true).ok();
-            let out = control(state, s, peer, session, skey).await;
+            let out = control(state, s, peer, session, skey, slots).await;
             drop(counted);
             out
         }
@@ -444,7 +486,15 @@ async fn connection(
                 return Err(Error::Refused(format!("bad join for channel {channel}")));
             };
             handshake::answer(&mut s, &mut m).await?;
-            let _ = tx.send((channel, s));
+            // Under the lock, so that a slot the request has closed since takes nothing
+            // (`State::slots_for`): the session then counts on what it finds queued.
+            let pending = state.pending.lock().expect("sessions lock");
+            if pending
+                .get(&session)
+                .is_some_and(|p| (channel as usize) < p.joined.len())
+            {
+                let _ = tx.send((channel, s));
+            }
             Ok(())
         }
     }
@@ -456,9 +506,11 @@ async fn control(
     peer: SocketAddr,
     session: SessionId,
     key: SessionKey,
+    slots: SessionSlots,
 ) -> Result<()> {
     let (mut r, w) = control_pair(ctrl, &key, WireSide::Server);
     let mut w = w.hiding(state.scope.clone());
+    let SessionSlots { _slots, tx, mut rx } = slots;
     // Pings and facts come first; the request must follow soon, or the session slot is held
     // by a peer that does nothing.
     let asked_by = Instant::now() + state.admission.limits().request_timeout;
@@ -514,33 +566,15 @@ async fn control(
     };
     tracing::info!("{peer}: {:?} over {} channels", req.op, req.channels);
     let n = req.channels;
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    state.pending.lock().expect("sessions lock").insert(
-        session,
-        Pending {
-            key,
-            joined: vec![false; n as usize],
-            tx: tx.clone(),
-        },
-    );
-    let _slots = Slots {
-        state: state.clone(),
-        session,
-    };
+    state.slots_for(session, n);
     w.send(&opening.accept(n, plan.notes.clone())).await?;
-    let deadline = Instant::now() + JOIN_TIMEOUT;
-    let mut channels: Vec<(u16, Stream)> = Vec::with_capacity(n as usize);
-    while channels.len() < n as usize {
-        match tokio::time::timeout_at(deadline.into(), rx.recv()).await {
-            Ok(Some(c)) => channels.push(c),
-            _ => break,
+    let mut channels = match joined_channels(&mut rx, n).await {
+        Ok(c) => c,
+        Err(e) => {
+            w.abort(&e).await;
+            return Err(e);
         }
-    }
-    if channels.len() < n as usize {
-        let e = Error::Timeout("waiting for data channels to join");
-        w.abort(&e).await;
-        return Err(e);
-    }
+    };
     channels.sort_by_key(|c| c.0);
     let channels: Vec<Stream> = channels.into_iter().map(|c| c.1).collect();
     let live = Arc::new(LiveStats::new(channels.len()));
@@ -614,6 +648,34 @@ async fn control(
         out.files_skipped
     );
     Ok(())
+}
+
+/// The session's `n` data channels, as they join within [`JOIN_TIMEOUT`]. A channel that
+/// joined before the request in a slot beyond `n` fails the session: it was queued before
+/// [`State::slots_for`] closed those slots, so it is here by the time the `n` are.
+async fn joined_channels(
+    rx: &mut mpsc::UnboundedReceiver<(u16, Stream)>,
+    n: u16,
+) -> Result<Vec<(u16, Stream)>> {
+    let deadline = Instant::now() + JOIN_TIMEOUT;
+    let mut channels = Vec::with_capacity(n as usize);
+    while channels.len() < n as usize {
+        match tokio::time::timeout_at(deadline.into(), rx.recv()).await {
+            Ok(Some(c)) if c.0 < n => channels.push(c),
+            Ok(Some((c, _))) => return Err(beyond(c, n)),
+            _ => return Err(Error::Timeout("waiting for data channels to join")),
+        }
+    }
+    match rx.try_recv() {
+        Ok((c, _)) => Err(beyond(c, n)),
+        Err(_) => Ok(channels),
+    }
+}
+
+fn beyond(channel: u16, n: u16) -> Error {
+    Error::Refused(format!(
+        "data channel {channel} joined a session of {n} channels"
+    ))
 }
 
 /// Applies this end's socket options to the joined data channels; on the sending side,
