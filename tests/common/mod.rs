@@ -24,11 +24,15 @@ use rand::{RngCore, SeedableRng};
 /// the machine's user, or of another test binary) changes what a test runs. Every server of
 /// the binary then has the one key in that directory, so a port reused by another server is
 /// not a changed key.
+///
+/// The directories are named after the test process, which cannot remove them at its exit;
+/// each test binary removes those of earlier test processes that have ended.
 pub fn isolate_profiles() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let id = std::process::id();
         let tmp = std::env::temp_dir();
+        remove_ended_test_dirs(&tmp);
         std::env::set_var(
             "XDG_CACHE_HOME",
             tmp.join(format!("hsxfer-test-cache-{id}")),
@@ -38,6 +42,25 @@ pub fn isolate_profiles() {
             tmp.join(format!("hsxfer-test-config-{id}")),
         );
     });
+}
+
+/// Removes the profile directories ([`isolate_profiles`]) of test processes that have ended.
+fn remove_ended_test_dirs(tmp: &Path) {
+    let Ok(entries) = fs::read_dir(tmp) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let pid = name.to_str().and_then(|n| {
+            n.strip_prefix("hsxfer-test-cache-")
+                .or_else(|| n.strip_prefix("hsxfer-test-config-"))
+        });
+        let ended =
+            pid.is_some_and(|p| p.parse::<u32>().is_ok() && !Path::new("/proc").join(p).exists());
+        if ended {
+            let _ = fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 /// The TLS configuration of this test binary's in-process servers: its one key, and clear
