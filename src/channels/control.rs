@@ -46,7 +46,8 @@ pub enum Message {
     HostFacts(HostFacts),
     /// Client → server: what this session is for.
     Request(Request),
-    /// Server → client: the request is accepted; open `channels` data channels now.
+    /// Server → client: the request is accepted, with `channels` data channels (which the
+    /// client may have joined already, since the welcome).
     Accepted {
         /// Number of data channels the client must join.
         channels: u16,

@@ -57,10 +57,10 @@ pub enum Answer {
     Pong(Duration),
     /// The server's facts about itself.
     Facts(Box<HostFacts>),
-    /// The request is accepted: open this many data channels; the server's notes on its
-    /// own settings.
+    /// The request is accepted, with this many data channels (joined already, or to join);
+    /// the server's notes on its own settings.
     Accepted {
-        /// Data channels to open.
+        /// Data channels the session has.
         channels: u16,
         /// What the server chose for its side, in words.
         notes: Vec<String>,

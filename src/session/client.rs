@@ -925,9 +925,9 @@ struct Prepared {
     tuner: Option<OnlineTuner>,
 }
 
-/// The path RTT from the control connection's `TCP_INFO` minimum, which holds the kernel's
-/// samples of the connect and the TLS handshake (and excludes the peers' scheduling delay);
-/// `None` when the kernel has none.
+/// The path RTT from the control connection's `TCP_INFO` minimum: the kernel's samples so far
+/// (right after the connect, its SYN and SYN-ACK; then the handshakes' segments too), which
+/// exclude the peers' scheduling delay. `None` when the kernel has none.
 fn kernel_rtt(ctrl: &impl AsFd) -> Option<Duration> {
     let info = tcp_info(ctrl).ok()?;
     (info.min_rtt_us > 0).then(|| Duration::from_micros(info.min_rtt_us as u64))

@@ -91,8 +91,8 @@ struct Pending {
 
 impl State {
     /// Leaves `session` the join slots of its `n` channels, once its request says how many:
-    /// until then any of the protocol's may be taken. A channel that joined in a slot beyond
-    /// `n` is still delivered, and refused by the session.
+    /// until then any of the protocol's may be taken. A channel that already joined in a slot
+    /// beyond `n` is queued, and ends the session ([`joined_channels`]).
     fn slots_for(&self, session: SessionId, n: u16) {
         let mut pending = self.pending.lock().expect("sessions lock");
         if let Some(p) = pending.get_mut(&session) {
