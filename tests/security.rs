@@ -269,29 +269,16 @@ async fn garbage_forged_joins_and_malformed_control_are_rejected() {
 #[tokio::test]
 async fn a_data_channel_sending_garbage_ends_only_its_session() {
     use hsxfer::channels::auth::TokenKey;
-    use hsxfer::channels::control::{self, Message, Operation, Request, PROTOCOL_VERSION};
+    use hsxfer::channels::control::Message;
     use hsxfer::session::handshake;
-    let root = tempfile::tempdir().unwrap();
-    let src = tempfile::tempdir().unwrap();
-    random_file(&src.path().join("f"), 1 << 20, 4);
-    let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
+    let (root, src, addr) = server_and_a_file().await;
     let key = TokenKey::from_token(b"");
     let mut ctrl = open(addr).await;
     let (session, skey) = handshake::client_control(&mut ctrl, &key, "t")
         .await
         .unwrap();
     let (mut r, mut w) = control_pair(ctrl, &skey, Side::Client);
-    let req = Message::Request(Request {
-        version: PROTOCOL_VERSION,
-        op: Operation::Push {
-            dest: "evil".into(),
-            sources: 1,
-        },
-        channels: 1,
-        block_size: 1 << 20,
-        tuning: control::Tuning::kernel_defaults(1),
-    });
-    w.send(&req).await.unwrap();
+    w.send(&push_of_one_file("evil")).await.unwrap();
     let mut data = open(addr).await;
     handshake::client_join(&mut data, &skey, session, 0, "t")
         .await
@@ -336,12 +323,8 @@ async fn a_data_channel_sending_garbage_ends_only_its_session() {
 #[tokio::test]
 async fn a_channel_that_joined_before_the_request_beyond_its_count_ends_the_session() {
     use hsxfer::channels::auth::TokenKey;
-    use hsxfer::channels::control::{self, Message, Operation, Request, PROTOCOL_VERSION};
     use hsxfer::session::handshake;
-    let root = tempfile::tempdir().unwrap();
-    let src = tempfile::tempdir().unwrap();
-    random_file(&src.path().join("f"), 1 << 20, 4);
-    let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
+    let (root, src, addr) = server_and_a_file().await;
     let key = TokenKey::from_token(b"");
     let mut ctrl = open(addr).await;
     // Opened first, so that the joins leave the moment the session is welcomed, as a
@@ -356,17 +339,7 @@ async fn a_channel_that_joined_before_the_request_beyond_its_count_ends_the_sess
             .expect("a join before the request is admitted");
     }
     let (mut r, mut w) = control_pair(ctrl, &skey, Side::Client);
-    let req = Message::Request(Request {
-        version: PROTOCOL_VERSION,
-        op: Operation::Push {
-            dest: "early".into(),
-            sources: 1,
-        },
-        channels: 1,
-        block_size: 1 << 20,
-        tuning: control::Tuning::kernel_defaults(1),
-    });
-    w.send(&req).await.unwrap();
+    w.send(&push_of_one_file("early")).await.unwrap();
     let mut said = Vec::new();
     let heard = async {
         while let Ok(Some(m)) = r.recv().await {
@@ -383,6 +356,31 @@ async fn a_channel_that_joined_before_the_request_beyond_its_count_ends_the_sess
     );
     assert!(!root.path().join("early").exists());
     push_ok(addr, Auth::NoAuth, &src.path().join("f"), "fine").await;
+}
+
+/// A server without authentication on an empty root, and a source directory holding `f`
+/// (1 MiB), for the tests that speak the protocol by hand; returns (root, source, address).
+async fn server_and_a_file() -> (tempfile::TempDir, tempfile::TempDir, std::net::SocketAddr) {
+    let root = tempfile::tempdir().unwrap();
+    let src = tempfile::tempdir().unwrap();
+    random_file(&src.path().join("f"), 1 << 20, 4);
+    let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
+    (root, src, addr)
+}
+
+/// The request of a push of one file into `dest` over one channel.
+fn push_of_one_file(dest: &str) -> hsxfer::channels::control::Message {
+    use hsxfer::channels::control::{Message, Operation, Request, Tuning, PROTOCOL_VERSION};
+    Message::Request(Request {
+        version: PROTOCOL_VERSION,
+        op: Operation::Push {
+            dest: dest.into(),
+            sources: 1,
+        },
+        channels: 1,
+        block_size: 1 << 20,
+        tuning: Tuning::kernel_defaults(1),
+    })
 }
 
 /// A session's control connection, authenticated, with its id and key.
