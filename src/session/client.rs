@@ -14,7 +14,8 @@ use tokio::task::JoinSet;
 
 use super::faults::FaultInjection;
 use super::growth::{
-    connect_channel, timed_connect, Arrivals, Connector, Dialer, Growth, Joiner, Setup,
+    connect_channel, open_channel, timed_connect, Arrivals, Connector, Dialer, Growth, Joiner,
+    Setup,
 };
 use super::handshake::{self, Opener};
 use super::mptcp_paths::{MptcpPaths, PathManager};
@@ -998,10 +999,7 @@ fn dial_channels(
                 Ok(r) => r.opener().expect("waited for an opener"),
                 Err(_) => return Err(Error::PeerVanished),
             };
-            let mut s = opener
-                .open(tcp, &peer)
-                .await
-                .map_err(super::secure::data_channel_error)?;
+            let mut s = open_channel(&opener, tcp, &peer).await?;
             let connector = match ready.wait_for(|r| r.connector().is_some()).await {
                 Ok(r) => r.connector().expect("waited for a connector"),
                 Err(_) => return Err(Error::PeerVanished),

@@ -67,11 +67,17 @@ impl Dialer {
     /// plus the server's delayed ACK (100 ms on a 60 ms path).
     pub async fn open(&self, index: u16) -> Result<Stream> {
         let tcp = connect_channel(self.addr, &self.plan, index).await?;
-        self.opener
-            .open(tcp, &self.peer)
-            .await
-            .map_err(super::secure::data_channel_error)
+        open_channel(&self.opener, tcp, &self.peer).await
     }
+}
+
+/// Opens a data channel's connection (TLS or clear text) the way `opener` says, naming a
+/// key or security mismatch as a data channel's.
+pub(crate) async fn open_channel(opener: &Opener, tcp: TcpStream, peer: &str) -> Result<Stream> {
+    opener
+        .open(tcp, peer)
+        .await
+        .map_err(super::secure::data_channel_error)
 }
 
 /// Connects data channel `index` to `addr` with the plan's socket options, sending at once
