@@ -646,6 +646,35 @@ async fn a_push_announces_its_files_with_its_request_and_joins_its_channels_mean
     );
 }
 
+/// A block with nothing queued behind it goes out at once. Nagle's algorithm held a small
+/// pull's only block until the client's delayed ACK of the join's answer released it, at
+/// least 40 ms (`TCP_DELACK_MIN`): a 3-byte pull on loopback took about 50 ms, and about 9
+/// ms since. The fastest of three pulls must take under 30 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_pull_does_not_wait_for_a_delayed_ack() {
+    let root = tempfile::tempdir().unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    fs::write(root.path().join("f"), b"abc").unwrap();
+    let server = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
+    let mut took = Vec::new();
+    for i in 0..3 {
+        let target = dst.path().join(format!("f{i}"));
+        let start = std::time::Instant::now();
+        let r = client(server, 2)
+            .pull(&["f".into()], false, target.to_str().unwrap(), &live(2))
+            .await
+            .unwrap();
+        took.push(start.elapsed());
+        assert!(r.verified);
+        assert_eq!(fs::read(&target).unwrap(), b"abc");
+    }
+    let fastest = *took.iter().min().unwrap();
+    assert!(
+        fastest < std::time::Duration::from_millis(30),
+        "the fastest of three 3-byte pulls on loopback took {fastest:?} ({took:?})"
+    );
+}
+
 /// A client of `addr` whose sender paces each of its 2 channels at 64 Mbit/s.
 fn slow_client(addr: std::net::SocketAddr) -> hsxfer::Client {
     isolate_profiles();

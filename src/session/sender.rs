@@ -24,6 +24,7 @@ use crate::channels::manifest::EntryKind;
 use crate::channels::sender::{Job, SendPlanner};
 use crate::channels::{Digest, Violation};
 use crate::error::{Error, Result};
+use crate::transport::tcp::push_pending;
 use crate::transport::tls::Stream;
 
 struct Hashed {
@@ -399,6 +400,11 @@ impl ChannelSender {
                     _ => Digesting::Hash(&self.key),
                 };
                 let d = write_block(&mut self.stream, &header, data, digesting, damage).await?;
+                if self.jobs.is_empty() {
+                    // Nothing queued behind it: its last short segment goes now.
+                    push_pending(self.stream.tcp())
+                        .map_err(Error::io("pushing a block out (TCP_NODELAY)"))?;
+                }
                 self.live.add(self.index, data.len() as u64);
                 d
             } else {

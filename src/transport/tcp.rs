@@ -188,6 +188,18 @@ pub fn set_notsent_lowat(sock: &impl AsFd, bytes: u32) -> io::Result<()> {
     }
 }
 
+/// Sends at once what Nagle's algorithm holds back on `sock`, and keeps the algorithm on for
+/// what follows: turning `TCP_NODELAY` on pushes the socket's pending data out, and turning
+/// it off again lets later writes merge as before. A data channel that has written its last
+/// queued block calls it: Nagle holds a block's short last segment while an earlier short
+/// one is unacknowledged, and a receiver delays the ACK that releases it (40 ms or more), so
+/// a small block sent right after a join's answer, the only block of a small pull, waited
+/// that long.
+pub fn push_pending(sock: &TcpStream) -> io::Result<()> {
+    sock.set_nodelay(true)?;
+    sock.set_nodelay(false)
+}
+
 /// A `SO_MAX_PACING_RATE` that caps nothing but turns TCP's internal pacing on (any value
 /// but `u64::MAX` does: `sk_setsockopt` then sets `SK_PACING_NEEDED`): packets leave spread
 /// over the RTT at 2 × cwnd/srtt in slow start and 1.2 × in congestion avoidance, instead of
