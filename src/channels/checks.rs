@@ -29,7 +29,7 @@ impl Request {
     ///
     /// let mut req = Request {
     ///     version: PROTOCOL_VERSION,
-    ///     op: Operation::Pull { sources: vec!["data".into()], recursive: true },
+    ///     op: Operation::Pull { sources: vec!["data".into()], recursive: true, unplanned_files: 0 },
     ///     channels: 4,
     ///     block_size: 4 << 20,
     ///     tuning: Tuning::kernel_defaults(4),
@@ -66,11 +66,21 @@ impl Request {
 fn check_operation(op: &Operation) -> Result<(), BadRequest> {
     match op {
         Operation::Push { dest, .. } => check_path(dest),
-        Operation::Pull { sources, .. } => {
+        Operation::Pull {
+            sources,
+            unplanned_files,
+            ..
+        } => {
             if sources.is_empty() || sources.len() > MAX_PULL_SOURCES {
                 return bad(format!(
                     "a pull names {} sources: name 1 to {MAX_PULL_SOURCES}",
                     sources.len()
+                ));
+            }
+            if *unplanned_files > MAX_UNPLANNED_FILES {
+                return bad(format!(
+                    "a pull asks for {unplanned_files} files before their plans: at most \
+                     {MAX_UNPLANNED_FILES}"
                 ));
             }
             sources.iter().try_for_each(|s| check_path(s))
@@ -240,6 +250,16 @@ mod tests {
                 "4097 bytes",
                 Box::new(|r| r.op = pull(vec!["a".repeat(4097)])),
             ),
+            (
+                "asks for 65 files before their plans",
+                Box::new(|r| {
+                    r.op = Operation::Pull {
+                        sources: vec!["a".into()],
+                        recursive: false,
+                        unplanned_files: 65,
+                    }
+                }),
+            ),
         ];
         for (needle, spoil) in cases {
             let mut r = ok();
@@ -261,6 +281,7 @@ mod tests {
         Operation::Pull {
             sources,
             recursive: false,
+            unplanned_files: 0,
         }
     }
 }

@@ -19,8 +19,10 @@ pub const MAX_CONTROL_FRAME: u32 = 16 << 20;
 
 /// Protocol version carried in every request; a server refuses versions it does not speak.
 /// Version 6: data channels may join as soon as the session has authenticated, before its
-/// request (a server of version 5 refuses such joins).
-pub const PROTOCOL_VERSION: u32 = 6;
+/// request (a server of version 5 refuses such joins). Version 7: a pull may let the server
+/// send its first files before their plans ([`Operation::Pull`]'s `unplanned_files`), which
+/// a server of version 6 would wait for.
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// Bytes of the MAC after every control frame.
 pub const TAG_LEN: usize = 16;
@@ -304,6 +306,12 @@ pub enum Operation {
         sources: Vec<String>,
         /// Descend into directories.
         recursive: bool,
+        /// How many of the first files the server may send before their plans, as if each
+        /// were planned "send all" (at most [`super::limits::MAX_UNPLANNED_FILES`]). A client
+        /// asks for it when its destination holds nothing to skip or resume, which saves
+        /// the round trip of the plans before the first block.
+        #[serde(default)]
+        unplanned_files: u32,
     },
     /// Memory-to-memory: generated data, discarded on arrival.
     Bench {
@@ -498,6 +506,7 @@ mod tests {
                 op: Operation::Pull {
                     sources: vec!["a b/c".into()],
                     recursive: true,
+                    unplanned_files: 64,
                 },
                 channels: 16,
                 block_size: 4 << 20,

@@ -24,6 +24,14 @@ pub const MAX_UNFINISHED_FILES: u64 = 1024;
 /// at once, so a chunk must fit the smallest budget. A receiver refuses a larger chunk.
 pub const MAX_CHUNK_FILES: u64 = 256;
 
+/// Most files a pull lets its sender send before their plans (`Operation::Pull`'s
+/// `unplanned_files`). Their blocks may overtake the manifest that announces them, and a
+/// data channel holding one waits until the receiver has planned the file; the receiver
+/// plans them as soon as their manifest arrives, with slots of its budget, so they stay
+/// well within a chunk ([`MAX_CHUNK_FILES`]). A few dozen cover a pull's start: its later
+/// files are planned long before the channels reach them.
+pub const MAX_UNPLANNED_FILES: u32 = 64;
+
 /// Most block digests in one `Sealed` message: a seal of a larger file goes in pieces, so a
 /// file of any size fits the control frame limit (200,000 digests are 13.4 MB of JSON).
 pub const SEAL_PIECE: usize = 200_000;

@@ -234,6 +234,7 @@ mod tests {
             op: Operation::Pull {
                 sources: vec!["d".into()],
                 recursive: true,
+                unplanned_files: 0,
             },
             channels,
             block_size: 4 << 20,

@@ -73,6 +73,11 @@ impl ReceiveTracker {
         );
     }
 
+    /// True once `file` is tracked (its plan made).
+    pub fn tracks(&self, file: u32) -> bool {
+        self.files.contains_key(&file)
+    }
+
     /// Checks that a frame names a tracked, unfinished file and exactly one block of its grid;
     /// returns the block index. A frame that fails this came from a broken or hostile peer.
     pub fn check(&self, h: &BlockHeader) -> Result<u64, Violation> {

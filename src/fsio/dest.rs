@@ -12,7 +12,7 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
 use super::at;
-use super::partial::is_reserved_name;
+use super::partial::{is_reserved_name, sibling_name, JOURNAL_SUFFIX, PART_SUFFIX};
 use super::root::{RootError, Scope};
 use crate::channels::manifest::check_relative;
 
@@ -37,6 +37,10 @@ pub enum DestError {
     /// A name hsxfer uses for its own temporary files.
     #[error("'{0}' is refused: names ending in .hsxfer-part or .hsxfer-journal are hsxfer's temporary files")]
     Reserved(String),
+    /// A pulled file's target, or its part file, appeared after the pull had found the
+    /// destination empty and let the server send before planning.
+    #[error("'{0}' appeared at the destination while the pull was starting (is another copy writing there?): run the copy again")]
+    AppearedMeanwhile(String),
     /// A device or FIFO target takes exactly one file.
     #[error("'{0}' is a device or FIFO: it takes exactly one file")]
     StreamNeedsOneFile(String),
@@ -180,6 +184,30 @@ impl Destination {
         self
     }
 
+    /// True when nothing here could make a pulled file skipped or resumed: no top-level
+    /// target exists, nor a part file or journal beside one. A pull then lets the server
+    /// send its first files before their plans. A stream holds nothing; a pull of the
+    /// server's root, whose top-level names only the server knows, never counts as empty.
+    pub fn holds_nothing(&self) -> bool {
+        let vacant = |dir: &Path, name: &str| {
+            let names = [
+                name.to_string(),
+                sibling_name(name, PART_SUFFIX),
+                sibling_name(name, JOURNAL_SUFFIX),
+            ];
+            names.iter().all(|n| {
+                matches!(fs::symlink_metadata(dir.join(n)),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound)
+            })
+        };
+        match (&self.layout, &self.requested) {
+            (Layout::Stream(_), _) => true,
+            (Layout::Rename { parent, name }, _) => vacant(parent, name),
+            (Layout::Into(dir), Some(r)) if !r.root => r.names.iter().all(|n| vacant(dir, n)),
+            (Layout::Into(_), _) => false,
+        }
+    }
+
     /// The filesystem path for a manifest entry, checked against confinement.
     pub fn target(&self, entry_path: &str) -> Result<PathBuf, DestError> {
         Targets::new(self).target(entry_path)
@@ -294,6 +322,36 @@ mod tests {
         let null = Destination::resolve(Scope::Local, "/dev/null", 1).unwrap();
         assert!(matches!(null.layout, Layout::Stream(_)));
         assert!(Destination::resolve(Scope::Local, "/dev/null", 2).is_err());
+    }
+
+    /// A pull may skip its plans only where nothing could be skipped or resumed.
+    #[test]
+    fn a_destination_holds_nothing_without_its_targets_part_files_and_journals() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().to_str().unwrap();
+        fs::create_dir(t.path().join("dir")).unwrap();
+        let resolve = |dst: &str, sources: &[&str]| {
+            let sources: Vec<String> = sources.iter().map(|s| s.to_string()).collect();
+            Destination::resolve(Scope::Local, dst, sources.len() as u32)
+                .unwrap()
+                .only_requested(&sources)
+        };
+        let new_file = format!("{d}/new");
+        assert!(resolve(&new_file, &["x/f"]).holds_nothing());
+        fs::write(t.path().join(".new.hsxfer-part"), b"").unwrap();
+        assert!(!resolve(&new_file, &["x/f"]).holds_nothing());
+        let into = format!("{d}/dir");
+        assert!(resolve(&into, &["x/f", "g"]).holds_nothing());
+        fs::write(t.path().join("dir/.g.hsxfer-journal"), b"").unwrap();
+        assert!(!resolve(&into, &["x/f", "g"]).holds_nothing());
+        assert!(resolve(&into, &["x/f"]).holds_nothing());
+        fs::write(t.path().join("dir/f"), b"old").unwrap();
+        assert!(!resolve(&into, &["x/f"]).holds_nothing());
+        // The server's root into a new directory, and into one that exists, where only the
+        // server knows the names its files will take.
+        assert!(resolve(&format!("{d}/new2"), &["."]).holds_nothing());
+        assert!(!resolve(&into, &["."]).holds_nothing());
+        assert!(resolve("/dev/null", &["f"]).holds_nothing());
     }
 
     #[test]

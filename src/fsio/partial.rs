@@ -251,7 +251,8 @@ impl Place {
     }
 }
 
-fn sibling_name(name: &str, suffix: &str) -> String {
+/// The name of `name`'s part file or journal (`.NAME.SUFFIX`), beside it.
+pub(crate) fn sibling_name(name: &str, suffix: &str) -> String {
     format!(".{name}.{suffix}")
 }
 

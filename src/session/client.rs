@@ -357,12 +357,19 @@ impl Client {
     ) -> Result<TransferReport> {
         let dest =
             Destination::resolve(Scope::Local, dest, sources.len() as u32)?.only_requested(sources);
+        let unplanned = if dest.holds_nothing() {
+            limits::MAX_UNPLANNED_FILES
+        } else {
+            0
+        };
         let op = Operation::Pull {
             sources: sources.to_vec(),
             recursive,
+            unplanned_files: unplanned,
         };
         let o = self.open(op, false, live, Vec::new()).await?;
-        self.receive(o, Sink::Files(dest), "pull", live).await
+        self.receive(o, Sink::Files(dest), unplanned, "pull", live)
+            .await
     }
 
     /// Memory-to-memory transfer of generated data through the full protocol: `amount` of
@@ -390,7 +397,8 @@ impl Client {
             let src = SendSource::generated(self.opts.block_size, limit, self.opts.channels, rtt);
             self.send(o, src, None, "bench-upload", live).await
         } else {
-            self.receive(o, Sink::Discard, "bench-download", live).await
+            self.receive(o, Sink::Discard, 0, "bench-download", live)
+                .await
         }
     }
 
@@ -454,6 +462,7 @@ impl Client {
         &self,
         o: Opened,
         sink: Sink,
+        unplanned_files: u32,
         name: &str,
         live: &Arc<LiveStats>,
     ) -> Result<TransferReport> {
@@ -474,6 +483,7 @@ impl Client {
             slow_block_writes: None,
             slow_part_closes: None,
             budget: Some(super::budget::FileBudget::of_clients()),
+            unplanned_files,
             stop: None,
         }
         .run();

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit};
 use tokio::task::JoinSet;
 
 use super::budget::FileBudget;
@@ -20,12 +20,12 @@ use super::growth::{admit_channels, recv_or_pending, Arrivals, Growth};
 use super::report::{LiveStats, SideOutcome};
 use super::wire::{read_header, read_payload, ControlReader, ControlWriter};
 use crate::channels::control::{FilePlan, Message, PlanAction};
-use crate::channels::frame::DigestKey;
+use crate::channels::frame::{BlockHeader, DigestKey};
 use crate::channels::manifest::{split_after_files, Entry, EntryKind};
 use crate::channels::receiver::{Completion, ReceiveTracker, Verdict};
 use crate::channels::{Digest, Violation};
 use crate::error::{Error, Result};
-use crate::fsio::dest::{Destination, Layout, Targets};
+use crate::fsio::dest::{DestError, Destination, Layout, Targets};
 use crate::fsio::ns_to_system_time;
 use crate::fsio::partial::{
     self as partials, prepare_in, CommitStep, FileMeta, OpenDir, PartialFile, Prepared, StreamSink,
@@ -56,6 +56,11 @@ struct Shared {
     targets: HashMap<u32, Arc<Target>>,
     /// Each file's slot in the server's [`FileBudget`], given back when it is committed.
     slots: HashMap<u32, OwnedSemaphorePermit>,
+    /// Files the sender sends before their plans that are not planned here yet: a block of
+    /// a file not tracked yet may be one of theirs, and waits for [`Shared::planned`].
+    unplanned_left: u32,
+    /// Wakes the channels waiting for a file to be planned.
+    planned: Arc<Notify>,
 }
 
 /// Everything a receiving engine needs.
@@ -90,6 +95,11 @@ pub struct ReceiveEngine<R, W> {
     /// The process's budget of open files, shared with its other sessions; `None` bounds
     /// the session only by [`crate::channels::limits::MAX_UNFINISHED_FILES`].
     pub budget: Option<FileBudget>,
+    /// How many first files the sender sends before their plans (a pull into a destination
+    /// that holds nothing, `Operation::Pull`'s `unplanned_files`): they are planned as soon
+    /// as their manifest arrives, with no plan sent back, and a block that overtook its
+    /// manifest waits for that.
+    pub unplanned_files: u32,
 }
 
 impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
@@ -99,6 +109,8 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
             tracker: ReceiveTracker::new(self.block_size),
             targets: HashMap::new(),
             slots: HashMap::new(),
+            unplanned_left: self.unplanned_files,
+            planned: Arc::new(Notify::new()),
         }));
         let (ev_tx, ev_rx) = mpsc::unbounded_channel();
         let work = FileWork::per_core();
@@ -203,8 +215,18 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                                 let files =
                                     entries.iter().filter(|e| e.kind != EntryKind::Dir).count();
                                 completion.announced(files as u64, last)?;
+                                let unplanned = lock(shared).unplanned_left;
+                                let (now, later) = match unplanned {
+                                    0 => (Vec::new(), entries),
+                                    n => split_after_files(entries, n as usize),
+                                };
+                                let planned_now = self
+                                    .plan_unplanned(shared, work, now, &mut dirs, &mut out)
+                                    .await?;
+                                completion.planned(planned_now, planned_now);
                                 let most = self.budget.as_ref().map_or(u32::MAX, FileBudget::capacity);
-                                queue_in_parts(&mut waiting, entries, files as u64, most.into());
+                                let rest = files as u64 - planned_now;
+                                queue_in_parts(&mut waiting, later, rest, most.into());
                             }
                             Message::Sealed { file, digests, more } => {
                                 let v = lock(shared).tracker.on_sealed(file, digests, more)?;
@@ -341,6 +363,39 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
             self.act(file, verdict, verified, out).await?;
         }
         Ok(())
+    }
+
+    /// Plans at once the files of `entries`, which the sender sends without waiting for
+    /// their plans: each must be new here (nothing to skip or resume, as the client found
+    /// before asking). Wakes the channels holding blocks for them; returns how many files
+    /// there were.
+    async fn plan_unplanned(
+        &mut self,
+        shared: &Arc<Mutex<Shared>>,
+        work: &FileWork,
+        entries: Vec<Entry>,
+        dirs: &mut Vec<(PathBuf, Entry)>,
+        out: &mut SideOutcome,
+    ) -> Result<u64> {
+        let files: Vec<String> = entries
+            .iter()
+            .filter(|e| e.kind != EntryKind::Dir)
+            .map(|e| e.path.clone())
+            .collect();
+        if entries.is_empty() {
+            return Ok(0);
+        }
+        let slots = slots_for(self.budget.clone(), files.len() as u32).await;
+        let plans = self.plan(shared, work, entries, dirs, out, slots).await?;
+        for (plan, path) in plans.iter().zip(&files) {
+            if plan.action != (PlanAction::Send { have: Vec::new() }) {
+                return Err(DestError::AppearedMeanwhile(path.clone()).into());
+            }
+        }
+        let mut s = lock(shared);
+        s.unplanned_left -= files.len() as u32;
+        s.planned.notify_waiters();
+        Ok(files.len() as u64)
     }
 
     /// Decides what to do with each entry of a manifest chunk (creating directories and
@@ -611,11 +666,7 @@ impl ChannelReceiver {
     async fn run(mut self) -> Result<()> {
         let mut buf = BytesMut::new();
         while let Some(h) = read_header(&mut self.stream).await? {
-            let (block, target) = {
-                let s = lock(&self.shared);
-                let block = s.tracker.check(&h)?;
-                (block, s.targets.get(&h.file).cloned())
-            };
+            let (block, target) = self.placed(&h).await?;
             buf.clear();
             let (live, index) = (&self.live, self.index);
             let got = read_payload(&mut self.stream, h.len, &mut buf, &self.key, |n| {
@@ -651,6 +702,33 @@ impl ChannelReceiver {
             }
         }
         Ok(())
+    }
+
+    /// The block index of a block and its file's target. A block of a file sent before its
+    /// plan may overtake the manifest that announces it: while such files are still to be
+    /// planned, a block of a file not tracked yet waits for them.
+    async fn placed(&self, h: &BlockHeader) -> Result<(u64, Option<Arc<Target>>)> {
+        loop {
+            let planned = {
+                let s = lock(&self.shared);
+                if s.unplanned_left == 0 || s.tracker.tracks(h.file) {
+                    let block = s.tracker.check(h)?;
+                    return Ok((block, s.targets.get(&h.file).cloned()));
+                }
+                s.planned.clone()
+            };
+            let woken = planned.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            // Looked at again once registered, so that a wake-up in between is not missed.
+            let ready = {
+                let s = lock(&self.shared);
+                s.unplanned_left == 0 || s.tracker.tracks(h.file)
+            };
+            if !ready {
+                woken.await;
+            }
+        }
     }
 }
 

@@ -18,7 +18,7 @@ use super::growth::{ask_for_channels, recv_or_pending, Arrivals, Growth};
 use super::report::{LiveStats, SideOutcome};
 use super::source::{read_file_block, BlockReader, SendSource, WriteRate};
 use super::wire::{write_block, ControlReader, ControlWriter, Damage, Digesting};
-use crate::channels::control::Message;
+use crate::channels::control::{FilePlan, Message, PlanAction};
 use crate::channels::frame::{BlockCheck, BlockHeader, DigestKey};
 use crate::channels::manifest::EntryKind;
 use crate::channels::sender::{Job, SendPlanner};
@@ -76,6 +76,10 @@ pub struct Announced {
     planner: SendPlanner,
     files: u64,
     rate: WriteRate,
+    /// Files still to be announced that go out without waiting for their plans.
+    unplanned: u32,
+    /// The jobs of such files, for the channels.
+    unplanned_jobs: Vec<Job>,
 }
 
 impl Announced {
@@ -85,7 +89,22 @@ impl Announced {
             planner: SendPlanner::new(block_size),
             files: 0,
             rate: WriteRate::default(),
+            unplanned: 0,
+            unplanned_jobs: Vec::new(),
         }
+    }
+
+    /// Sends the first `files` files announced as if the receiver had planned them "send
+    /// all", without waiting for its plans: a pulling client whose destination holds
+    /// nothing to skip or resume asks for it (`Operation::Pull`'s `unplanned_files`).
+    pub fn unplanned(mut self, files: u32) -> Self {
+        self.unplanned = files;
+        self
+    }
+
+    /// The jobs of the files [`Announced::take_ready`] sent without plans.
+    pub fn take_unplanned_jobs(&mut self) -> Vec<Job> {
+        std::mem::take(&mut self.unplanned_jobs)
     }
 
     /// Every manifest piece `source` has ready now (it keeps a window of unfinished files),
@@ -106,7 +125,26 @@ impl Announced {
                 }
             }
             self.planner.announce(&entries, last);
+            let first_files: Vec<u32> = entries
+                .iter()
+                .filter(|e| matches!(e.kind, EntryKind::File { .. }))
+                .take(self.unplanned as usize)
+                .map(|e| e.id)
+                .collect();
             ready.push(Message::Manifest { entries, last });
+            for file in first_files {
+                self.unplanned -= 1;
+                let send_all = FilePlan {
+                    file,
+                    action: PlanAction::Send { have: Vec::new() },
+                };
+                let (jobs, seal) = self
+                    .planner
+                    .on_plan(&send_all)
+                    .expect("a file just announced takes its first plan");
+                self.unplanned_jobs.extend(jobs);
+                ready.extend(seal);
+            }
         }
         ready
     }
@@ -193,6 +231,9 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
         loop {
             for piece in announced.take_ready(&mut self.source, &self.live) {
                 self.ctrl_w.send(&piece).await?;
+            }
+            for j in announced.take_unplanned_jobs() {
+                let _ = jobs.send(j).await;
             }
             let planner = &mut announced.planner;
             if planner.finished() {
@@ -438,5 +479,59 @@ mod tests {
             assert_eq!(got, BlockCheck::of(&key, &pattern[..len]), "length {len}");
         }
         assert_eq!(known.len(), 4, "at most four lengths are kept");
+    }
+
+    /// A pull's first files go out as planned "send all" as soon as they are announced; the
+    /// receiver plans only the files after them, and a plan for one of the first is refused.
+    #[test]
+    fn the_first_files_announced_go_out_unplanned_and_the_rest_wait_for_plans() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path().join("t");
+        std::fs::create_dir(&t).unwrap();
+        std::fs::write(t.join("a"), vec![1u8; 10]).unwrap();
+        std::fs::write(t.join("b"), b"").unwrap();
+        std::fs::write(t.join("c"), vec![3u8; 10]).unwrap();
+        let tree =
+            crate::fsio::source::SourceTree::walk(&crate::fsio::root::Scope::Local, &[t], true)
+                .unwrap();
+        let mut source = SendSource::tree(tree);
+        let live = LiveStats::new(1);
+        let mut announced = Announced::new(4 << 20).unplanned(2);
+        let ready = announced.take_ready(&mut source, &live);
+        let Some(Message::Manifest { entries, .. }) = ready.first() else {
+            panic!("the manifest first: {ready:?}");
+        };
+        let files: Vec<(u32, String)> = entries
+            .iter()
+            .filter(|e| e.kind != EntryKind::Dir)
+            .map(|e| (e.id, e.path.clone()))
+            .collect();
+        assert_eq!(files.len(), 3, "{entries:?}");
+        let (first, second, third) = (files[0].0, files[1].0, files[2].0);
+        let jobs = announced.take_unplanned_jobs();
+        let with_jobs: Vec<u32> = jobs.iter().map(|j| j.file).collect();
+        let empty = files.iter().find(|(_, p)| p.ends_with('b')).unwrap().0;
+        // The empty file has no block: if it is among the first two, its seal follows the
+        // manifest at once; every other of the first two has its one block queued.
+        for id in [first, second] {
+            if id == empty {
+                assert!(
+                    ready[1..]
+                        .iter()
+                        .any(|m| matches!(m, Message::Sealed { file, .. } if *file == id)),
+                    "{ready:?}"
+                );
+            } else {
+                assert!(with_jobs.contains(&id), "{jobs:?}");
+            }
+        }
+        assert!(!with_jobs.contains(&third), "{jobs:?}");
+        let plan = |file| FilePlan {
+            file,
+            action: PlanAction::Send { have: vec![] },
+        };
+        assert!(announced.planner.on_plan(&plan(first)).is_err());
+        let (third_jobs, _) = announced.planner.on_plan(&plan(third)).unwrap();
+        assert_eq!(third_jobs.len(), usize::from(third != empty));
     }
 }

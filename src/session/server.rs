@@ -20,7 +20,7 @@ use super::handshake;
 use super::receiver::{ReceiveEngine, Sink};
 use super::report::LiveStats;
 use super::sampler::SendingSide;
-use super::sender::SendEngine;
+use super::sender::{Announced, SendEngine};
 use super::source::SendSource;
 use super::tuning::{
     enforce_congestion, host_facts, local_plan, online_tuner, read_setup, LocalPlan, Side,
@@ -607,6 +607,7 @@ async fn control(
                 slow_block_writes: faults.slow_block_writes,
                 slow_part_closes: faults.slow_part_closes,
                 budget: Some(state.files.clone()),
+                unplanned_files: 0,
                 stop: Some(state.stop.subscribe()),
             }
             .run()
@@ -633,7 +634,7 @@ async fn control(
                 forward_telemetry: Some(Duration::from_millis(req.tuning.interval_ms as u64)),
                 growth: Some(growth(reserve, tx, rx, setup, side.requests)),
                 stop: Some(state.stop.subscribe()),
-                announced: None,
+                announced: Some(Announced::new(block_size).unplanned(unplanned_files(&req.op))),
             }
             .run()
             .await;
@@ -771,6 +772,17 @@ fn stagger_of(req: &Request) -> Vec<Duration> {
         .collect()
 }
 
+/// How many first files a pull lets this server send before their plans (0 for other
+/// operations).
+fn unplanned_files(op: &Operation) -> u32 {
+    match op {
+        Operation::Pull {
+            unplanned_files, ..
+        } => *unplanned_files,
+        _ => 0,
+    }
+}
+
 enum Role {
     Send(SendSource),
     Receive(Sink),
@@ -789,7 +801,9 @@ async fn prepare_role(state: &State, req: &Request) -> Result<(Role, Option<Stri
             )?)),
             None,
         ),
-        Operation::Pull { sources, recursive } => {
+        Operation::Pull {
+            sources, recursive, ..
+        } => {
             let (mut paths, mut seen) = (Vec::with_capacity(sources.len()), HashSet::new());
             for s in sources {
                 let p = state.scope.resolve(s)?;
