@@ -654,37 +654,6 @@ async fn a_push_announces_its_files_with_its_request_and_joins_its_channels_mean
     );
 }
 
-/// A pull into a destination that holds nothing lets the server send its first files before
-/// their plans: with every answer of the server held for 800 ms, its first block leaves
-/// about 2 of those delays after the control connection's arrival (its TLS, the token
-/// handshake; then the request, and the blocks right behind the manifest; 2.06 measured).
-/// Waiting for the plan took one more (3.11). The bound is 2.5.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pull_into_an_empty_destination_sends_its_first_files_before_their_plans() {
-    let delay = std::time::Duration::from_millis(800);
-    let root = tempfile::tempdir().unwrap();
-    let dst = tempfile::tempdir().unwrap();
-    random_file(&root.path().join("f"), 1 << 20, 7);
-    let server = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
-    let (relay, relayed) = slow_relay(server, delay, true).await;
-    let target = dst.path().join("f");
-    let r = client(relay, 2)
-        .pull(&["f".into()], false, target.to_str().unwrap(), &live(2))
-        .await
-        .unwrap();
-    assert!(r.verified);
-    assert_eq!(sha256(&target), sha256(&root.path().join("f")));
-    let relayed = relayed.lock().unwrap().clone();
-    let first = relayed
-        .first_block_from_server
-        .expect("a block went through");
-    assert!(
-        first < delay * 5 / 2,
-        "the server's first block left {first:?} after the control connection arrived (each \
-         answer of the server takes {delay:?}): {relayed:?}"
-    );
-}
-
 /// A block with nothing queued behind it goes out at once. Nagle's algorithm held a small
 /// pull's only block until the client's delayed ACK of the join's answer released it, at
 /// least 40 ms (`TCP_DELACK_MIN`): a 3-byte pull on loopback took about 50 ms, and about 9
@@ -714,6 +683,61 @@ async fn a_small_pull_does_not_wait_for_a_delayed_ack() {
     );
 }
 
+/// Pulls `source` (recursively with `recursive`) over 2 channels from a loopback server rooted
+/// at `root`, through a [`slow_relay`] (`delay`, `all`), into `target`; returns the result and
+/// what the relay saw.
+async fn pull_through_relay(
+    root: &std::path::Path,
+    (source, recursive): (&str, bool),
+    target: &std::path::Path,
+    delay: std::time::Duration,
+    all: bool,
+) -> (hsxfer::Result<hsxfer::TransferReport>, Relayed) {
+    let server = server(root, Auth::NoAuth, FaultInjection::default()).await;
+    let (relay, relayed) = slow_relay(server, delay, all).await;
+    let r = client(relay, 2)
+        .pull(
+            &[source.into()],
+            recursive,
+            target.to_str().unwrap(),
+            &live(2),
+        )
+        .await;
+    let seen = relayed.lock().unwrap().clone();
+    (r, seen)
+}
+
+/// Checks that the server's first block left less than 2.5 `delay`s after the control
+/// connection arrived at the relay.
+fn assert_first_block_from_server_within_2_5_delays(relayed: &Relayed, delay: std::time::Duration) {
+    let first = relayed
+        .first_block_from_server
+        .expect("a block went through");
+    assert!(
+        first < delay * 5 / 2,
+        "the server's first block left {first:?} after the control connection arrived (its \
+         answers take {delay:?}): {relayed:?}"
+    );
+}
+
+/// A pull into a destination that holds nothing lets the server send its first files before
+/// their plans: with every answer of the server held for 800 ms, its first block leaves
+/// about 2 of those delays after the control connection's arrival (its TLS, the token
+/// handshake; then the request, and the blocks right behind the manifest; 2.06 measured).
+/// Waiting for the plan took one more (3.11). The bound is 2.5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_into_an_empty_destination_sends_its_first_files_before_their_plans() {
+    let delay = std::time::Duration::from_millis(800);
+    let root = tempfile::tempdir().unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    random_file(&root.path().join("f"), 1 << 20, 7);
+    let target = dst.path().join("f");
+    let (r, relayed) = pull_through_relay(root.path(), ("f", false), &target, delay, true).await;
+    assert!(r.unwrap().verified);
+    assert_eq!(sha256(&target), sha256(&root.path().join("f")));
+    assert_first_block_from_server_within_2_5_delays(&relayed, delay);
+}
+
 /// With only the control connection's answers held (800 ms), the server's first blocks reach
 /// the client a whole delay before the manifest that announces them: the channels that read
 /// them wait until their files are planned. A tree of 90 small files in 3 directories and a
@@ -731,13 +755,9 @@ async fn blocks_that_overtake_their_manifest_wait_for_it() {
         }
     }
     random_file(&tree.join("big"), 1 << 20, 7);
-    let server = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
-    let (relay, relayed) = slow_relay(server, delay, false).await;
     let target = dst.path().join("t");
-    let r = client(relay, 2)
-        .pull(&["t".into()], true, target.to_str().unwrap(), &live(2))
-        .await
-        .unwrap();
+    let (r, relayed) = pull_through_relay(root.path(), ("t", true), &target, delay, false).await;
+    let r = r.unwrap();
     assert!(r.verified);
     assert_eq!(r.files, 91);
     for d in 0..3 {
@@ -751,15 +771,7 @@ async fn blocks_that_overtake_their_manifest_wait_for_it() {
         }
     }
     assert_eq!(sha256(&target.join("big")), sha256(&tree.join("big")));
-    let relayed = relayed.lock().unwrap().clone();
-    let first = relayed
-        .first_block_from_server
-        .expect("a block went through");
-    assert!(
-        first < delay * 5 / 2,
-        "the server's first block left {first:?} after the control connection arrived (its \
-         answers on it take {delay:?}): {relayed:?}"
-    );
+    assert_first_block_from_server_within_2_5_delays(&relayed, delay);
 }
 
 /// A pull that found its destination empty, and so let the server send before planning,
@@ -773,8 +785,6 @@ async fn a_file_that_appears_while_a_pull_starts_is_left_alone() {
     let dst = tempfile::tempdir().unwrap();
     let source = root.path().join("f");
     random_file(&source, 100_000, 7);
-    let server = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
-    let (relay, _) = slow_relay(server, delay, true).await;
     let target = dst.path().join("f");
     let (src, tgt) = (source.clone(), target.clone());
     let appear = tokio::spawn(async move {
@@ -788,10 +798,8 @@ async fn a_file_that_appears_while_a_pull_starts_is_left_alone() {
             .set_modified(mtime)
             .unwrap();
     });
-    let err = client(relay, 2)
-        .pull(&["f".into()], false, target.to_str().unwrap(), &live(2))
-        .await
-        .expect_err("the target appeared before the manifest");
+    let (r, _) = pull_through_relay(root.path(), ("f", false), &target, delay, true).await;
+    let err = r.expect_err("the target appeared before the manifest");
     appear.await.unwrap();
     assert!(
         err.to_string()
