@@ -186,8 +186,9 @@ impl Destination {
 
     /// True when nothing here could make a pulled file skipped or resumed: no top-level
     /// target exists, nor a part file or journal beside one. A pull then lets the server
-    /// send its first files before their plans. A stream holds nothing; a pull of the
-    /// server's root, whose top-level names only the server knows, never counts as empty.
+    /// send its first files before their plans. A stream holds nothing; a directory that
+    /// exists never counts as empty for a pull of the server's root, whose top-level names
+    /// only the server knows.
     pub fn holds_nothing(&self) -> bool {
         let vacant = |dir: &Path, name: &str| {
             let names = [
