@@ -96,8 +96,9 @@ pub struct BufferPlan {
     /// Kernel buffer size the plan leads to (after doubling and clamping, or autotuning's
     /// maximum), bytes.
     pub expected: u64,
-    /// When a host limit keeps the window below what the path needs: what, by how much, and
-    /// the `sysctl -w` lines that fix it.
+    /// When a host limit keeps the window below the channel's share of the BDP (so the
+    /// channels cannot reach the path's rate): what, by how much, and the `sysctl -w` lines
+    /// that fix it, headroom included.
     pub warning: Option<String>,
 }
 
@@ -148,7 +149,13 @@ pub fn plan(
             } else {
                 autotune
             };
-            if p.expected < needed {
+            // Only a cap under the channel's share of the BDP itself holds it below the
+            // path's rate; the headroom above it is asked for, not warned about. A copy
+            // without a measured rate plans for the interface's speed, a bound: on a 10 Gbit/s
+            // interface at 60 ms, 64 MiB buffers carry 17.8 Gbit/s with 4 channels, and every
+            // such first copy warned that they were too small.
+            let share = (needed as f64 / HEADROOM).ceil() as u64;
+            if p.expected < share {
                 p.warning = Some(cap_warning(dir, limits, p.expected, needed, channels, rtt));
             }
             p
@@ -189,12 +196,14 @@ fn cap_warning(
     let (max_name, tcp_name) = dir.sysctls();
     format!(
         "{} buffers are capped at {got} bytes per channel ({max_name} = {}, {tcp_name} max = {}): \
-         with {channels} channels at {:.1} ms that allows about {:.0} Mbit/s; fix: {}",
+         with {channels} channels at {:.1} ms that allows about {:.0} Mbit/s, under the {:.0} \
+         Mbit/s planned; fix: {}",
         dir.noun(),
         limits.request_max,
         limits.autotune.max,
         rtt.as_secs_f64() * 1e3,
         buffer_rate(got, channels, rtt) / 1e6,
+        buffer_rate((needed as f64 / HEADROOM) as u64, channels, rtt) / 1e6,
         fix_commands(dir, limits, needed).join("; "),
     )
 }
@@ -294,8 +303,46 @@ mod tests {
             w.contains("sysctl -w net.ipv4.tcp_rmem=\"4096 131072 83886080\""),
             "{w}"
         );
-        // 4 channels × 16 MiB usable × 8 / 0.1 s = 5369 Mbit/s.
-        assert!(w.contains("about 5369 Mbit/s"), "{w}");
+        // 4 channels × 16 MiB usable × 8 / 0.1 s = 5369 Mbit/s, where 4 shares of 20 MiB
+        // carry 6711.
+        assert!(
+            w.contains("about 5369 Mbit/s, under the 6711 Mbit/s planned"),
+            "{w}"
+        );
+    }
+
+    #[test]
+    fn a_cap_that_leaves_only_the_headroom_short_is_not_warned_about() {
+        // The lab's first copy: a plan for the 10 Gbit/s interface at 60.3 ms over 4
+        // channels asks for windows of 37.7 MB (twice the BDP share), kernel buffers of 75.4
+        // MB. Autotuning's 64 MiB carries 32 MiB windows, 1.7 shares: 17.8 Gbit/s.
+        let window = channel_window(10_000_000_000, Duration::from_micros(60_300), 4);
+        let p = plan(
+            BufferRequest::Window(window),
+            &limits(4 * MIB, 64 * MIB),
+            Direction::Send,
+            4,
+            Duration::from_micros(60_300),
+        );
+        assert_eq!(
+            p,
+            BufferPlan {
+                request: None,
+                expected: 64 * MIB,
+                warning: None
+            }
+        );
+        // Under one share it warns: 32 MiB kernel buffers carry 8.9 Gbit/s.
+        let p = plan(
+            BufferRequest::Window(window),
+            &limits(4 * MIB, 32 * MIB),
+            Direction::Send,
+            4,
+            Duration::from_micros(60_300),
+        );
+        assert!(p
+            .warning
+            .is_some_and(|w| w.contains("under the 10000 Mbit/s planned")));
     }
 
     #[test]

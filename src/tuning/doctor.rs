@@ -350,7 +350,7 @@ fn buffers_for_path(
          for a queue of up to one BDP), {window} bytes, and the kernel keeps half of a buffer \
          for its own overhead: {needed} bytes per socket."
     );
-    if plan.warning.is_none() {
+    if plan.expected >= needed {
         let how = match plan.request {
             Some(r) => format!("hsxfer requests {r} bytes with SO_*BUF"),
             None => "kernel autotuning grows them".to_string(),
