@@ -154,13 +154,18 @@ pub fn plan(
             // without a measured rate plans for the interface's speed, a bound: on a 10 Gbit/s
             // interface at 60 ms, 64 MiB buffers carry 17.8 Gbit/s with 4 channels, and every
             // such first copy warned that they were too small.
-            let share = (needed as f64 / HEADROOM).ceil() as u64;
-            if p.expected < share {
+            if p.expected < share_buffer(needed) {
                 p.warning = Some(cap_warning(dir, limits, p.expected, needed, channels, rtt));
             }
             p
         }
     }
+}
+
+/// The kernel buffer that carries one channel's share of the BDP, of the `needed` one that
+/// carries its window with [`HEADROOM`].
+fn share_buffer(needed: u64) -> u64 {
+    (needed as f64 / HEADROOM).ceil() as u64
 }
 
 /// The throughput, bits/s, that `channels` channels reach when each socket's kernel buffer
@@ -203,7 +208,7 @@ fn cap_warning(
         limits.autotune.max,
         rtt.as_secs_f64() * 1e3,
         buffer_rate(got, channels, rtt) / 1e6,
-        buffer_rate((needed as f64 / HEADROOM) as u64, channels, rtt) / 1e6,
+        buffer_rate(share_buffer(needed), channels, rtt) / 1e6,
         fix_commands(dir, limits, needed).join("; "),
     )
 }
