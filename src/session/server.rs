@@ -204,18 +204,22 @@ impl Server {
         }
         let scope = Scope::confined(&cfg.root)
             .map_err(Error::io(format!("server root {}", cfg.root.display())))?;
-        let listener = transport::listen(cfg.listen, cfg.mptcp)
-            .map_err(Error::io(format!("listening on {}", cfg.listen)))?;
+        let bound = transport::bind(cfg.listen, cfg.mptcp)
+            .map_err(Error::io(format!("binding {}", cfg.listen)))?;
+        // Announced before listening, so that a client which finds the port open also finds
+        // the subflow ports, and that the limits this raises are set before any client can
+        // raise its own (a read-modify-write after a client's would undo the client's).
         let path_manager = match (cfg.mptcp, cfg.mptcp_pm) {
             (false, _) => ServerPm::None,
-            (true, PathManagerKind::Kernel) => subflow_ports(
-                listener
-                    .local_addr()
-                    .map_err(Error::io("the bound address"))?,
-            )
-            .map_or(ServerPm::None, |e| ServerPm::Announced { _endpoints: e }),
+            (true, PathManagerKind::Kernel) => {
+                subflow_ports(bound.local_addr().map_err(Error::io("the bound address"))?)
+                    .map_or(ServerPm::None, |e| ServerPm::Announced { _endpoints: e })
+            }
             (true, PathManagerKind::Userspace) => userspace_pm()?,
         };
+        let listener = bound
+            .listen()
+            .map_err(Error::io(format!("listening on {}", cfg.listen)))?;
         Ok(Server {
             listener,
             _path_manager: path_manager,

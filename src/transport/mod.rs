@@ -12,7 +12,7 @@ pub mod tcp;
 pub mod tcp_info;
 pub mod tls;
 
-pub use tcp::{connect, keep_alive, listen, set_max_pacing_rate, SocketOptions};
+pub use tcp::{bind, connect, keep_alive, listen, set_max_pacing_rate, Bound, SocketOptions};
 
 /// What a transfer's data channels run as.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

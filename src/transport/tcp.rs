@@ -91,6 +91,12 @@ impl SocketOptions {
 /// Opens a listening socket on `addr` with `SO_REUSEADDR`, dual-stack for `[::]`. With
 /// `mptcp` it listens with Multipath TCP, which accepts plain TCP clients as well.
 pub fn listen(addr: SocketAddr, mptcp: bool) -> io::Result<TcpListener> {
+    bind(addr, mptcp)?.listen()
+}
+
+/// Binds a server's socket as [`listen`] does, without listening yet: what a client must find
+/// in place from its first connection (a server's MPTCP announcements) is set up in between.
+pub fn bind(addr: SocketAddr, mptcp: bool) -> io::Result<Bound> {
     let sock = Socket::new(
         Domain::for_address(addr),
         Type::STREAM,
@@ -101,9 +107,28 @@ pub fn listen(addr: SocketAddr, mptcp: bool) -> io::Result<TcpListener> {
         sock.set_only_v6(false)?;
     }
     sock.bind(&addr.into())?;
-    sock.listen(1024)?;
-    sock.set_nonblocking(true)?;
-    TcpListener::from_std(sock.into())
+    Ok(Bound(sock))
+}
+
+/// A server's socket bound by [`bind`], not yet accepting connections.
+#[derive(Debug)]
+pub struct Bound(Socket);
+
+impl Bound {
+    /// The bound address, with the port the kernel chose for port 0.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.0
+            .local_addr()?
+            .as_socket()
+            .ok_or_else(|| io::Error::other("the bound address is not an IP address"))
+    }
+
+    /// Starts listening.
+    pub fn listen(self) -> io::Result<TcpListener> {
+        self.0.listen(1024)?;
+        self.0.set_nonblocking(true)?;
+        TcpListener::from_std(self.0.into())
+    }
 }
 
 /// Connects to `addr` with `opts` and [`keep_alive`] applied before the SYN.
