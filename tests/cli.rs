@@ -234,6 +234,95 @@ fn an_interrupted_mptcp_copy_puts_the_path_managers_limits_back() {
     }
 }
 
+/// The MPTCP server and copies of one namespace share its path manager's limits: a copy
+/// that ends leaves the raise of one still running, the last copy leaves the server's, and a
+/// server that replaces a killed one puts back, at its end, the limits from before the
+/// killed one. (Each used to put back the limits it had found: the first copy to end took
+/// the second's raise away, the second left the first's for good, and so did the server.)
+#[test]
+fn an_mptcp_server_and_its_copies_share_the_path_managers_limits() {
+    use nix::sys::signal::{kill, Signal};
+    if !common::netns::root_or_skip("an_mptcp_server_and_its_copies_share_the_path_managers_limits")
+    {
+        return;
+    }
+    let ns = common::netns::LoopbackNs::up();
+    let limits = || {
+        let out = ns.command("ip").args(["mptcp", "limits"]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let (src, root) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    random_file(&src.path().join("big"), 300 << 20, 14);
+    let serve = || {
+        let server = ServerProc(
+            ns.command(BIN)
+                .args(["serve", "--mptcp", "--no-auth", "--port", "7000", "--root"])
+                .arg(root.path())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        ns.wait_listening(7000);
+        server
+    };
+    let signal = |child: &Child, signal: Signal| {
+        kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
+    };
+    // A copy of `channels` subflows (it raises the limits to `channels - 1` of each), past
+    // its first block.
+    let copy = |channels: &str, to: &str| {
+        let child = ns
+            .command(BIN)
+            .args([
+                "copy",
+                "--mptcp",
+                "-n",
+                channels,
+                "--no-auth",
+                "--pace",
+                "100M",
+            ])
+            .args(["--port", "7000"])
+            .arg(src.path().join("big"))
+            .arg(format!("127.0.0.1:{to}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_for_len(
+            &root.path().join(format!(".{to}.hsxfer-journal")),
+            JOURNAL_WITH_ONE_RECORD,
+        );
+        ServerProc(child)
+    };
+    let interrupt = |mut copy: ServerProc| {
+        signal(&copy.0, Signal::SIGINT);
+        assert_eq!(copy.0.wait().unwrap().code(), Some(130));
+    };
+    let original = limits();
+    let server = serve();
+    let announcing = limits();
+    assert!(announcing.contains("subflows 8 "), "{announcing}");
+    let four = copy("4", "a");
+    let three = copy("3", "b");
+    assert!(limits().contains("add_addr_accepted 3 "), "{}", limits());
+    interrupt(four);
+    assert_eq!(
+        limits(),
+        announcing.replace("add_addr_accepted 0 ", "add_addr_accepted 2 "),
+        "the running copy's raise was taken away"
+    );
+    interrupt(three);
+    assert_eq!(limits(), announcing, "the copies' raises were left");
+    // Killed: its raise and ports stay, and the next server takes over both.
+    signal(&server.0, Signal::SIGKILL);
+    drop(server);
+    let mut next = serve();
+    signal(&next.0, Signal::SIGTERM);
+    next.0.wait().unwrap();
+    assert_eq!(limits(), original, "the killed server's raise was left");
+}
+
 /// Output into a pipe whose reader has gone (`hsxfer cc list | head -1`) is dropped, not a
 /// panic: `println!` panicked on the broken pipe, with a backtrace.
 #[test]

@@ -4,6 +4,7 @@
 pub mod buffers;
 pub mod cc;
 pub mod mptcp;
+mod mptcp_limits;
 pub mod mptcp_pm;
 pub mod route;
 pub mod sock_diag;

@@ -9,8 +9,8 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::os::fd::{AsFd, AsRawFd};
 use std::process::Command;
-use std::sync::Mutex;
 
+pub use super::mptcp_limits::{Limits, LimitsSet};
 use super::tcp_info::sample_of;
 use crate::channels::telemetry::TcpSample;
 
@@ -185,82 +185,6 @@ fn sockaddr(b: &[u8]) -> Option<SocketAddr> {
     }
 }
 
-/// The in-kernel path manager's limits (`ip mptcp limits`), which belong to the network
-/// namespace: how many extra subflows a connection may have, and how many addresses a
-/// server announces that a client takes up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// Extra subflows per connection.
-    pub subflows: u32,
-    /// Announced addresses a connection uses.
-    pub add_addr_accepted: u32,
-}
-
-impl Limits {
-    /// Reads the namespace's limits.
-    pub fn read() -> io::Result<Limits> {
-        let out = ip(&["limits", "show"])?;
-        let word = |name: &str| {
-            let mut words = out.split_whitespace();
-            words.find(|w| *w == name);
-            words.next().and_then(|v| v.parse().ok()).ok_or_else(|| {
-                io::Error::other(format!("`ip mptcp limits show` gave no {name}: {out}"))
-            })
-        };
-        Ok(Limits {
-            subflows: word("subflows")?,
-            add_addr_accepted: word("add_addr_accepted")?,
-        })
-    }
-
-    fn set(&self) -> io::Result<()> {
-        let (s, a) = (
-            self.subflows.to_string(),
-            self.add_addr_accepted.to_string(),
-        );
-        ip(&["limits", "set", "subflows", &s, "add_addr_accepted", &a]).map(drop)
-    }
-}
-
-/// Limits raised for a while. They are only ever raised, never lowered, and the limits from
-/// before the first raise in this process are put back when the last of these is dropped.
-/// (Another process changing them meanwhile is not coordinated with.)
-#[derive(Debug)]
-pub struct LimitsSet(());
-
-/// Raises alive in this process, and the limits from before the first.
-static RAISED: Mutex<(usize, Option<Limits>)> = Mutex::new((0, None));
-
-impl LimitsSet {
-    /// Raises the namespace's limits to at least `want` (root only).
-    pub fn to(want: Limits) -> io::Result<LimitsSet> {
-        let mut raised = RAISED.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Limits::read()?;
-        Limits {
-            subflows: now.subflows.max(want.subflows),
-            add_addr_accepted: now.add_addr_accepted.max(want.add_addr_accepted),
-        }
-        .set()?;
-        if raised.0 == 0 {
-            raised.1 = Some(now);
-        }
-        raised.0 += 1;
-        Ok(LimitsSet(()))
-    }
-}
-
-impl Drop for LimitsSet {
-    fn drop(&mut self) {
-        let mut raised = RAISED.lock().unwrap_or_else(|e| e.into_inner());
-        raised.0 -= 1;
-        if raised.0 == 0 {
-            if let Some(before) = raised.1.take() {
-                let _ = before.set();
-            }
-        }
-    }
-}
-
 /// The most extra subflows the in-kernel path manager gives one connection.
 pub const MAX_EXTRA_SUBFLOWS: u16 = 8;
 
@@ -366,7 +290,7 @@ fn endpoint_id_in(shown: &str, addr: &str, port: Option<&str>) -> Option<String>
 }
 
 /// Runs `ip mptcp ARGS` and returns its output; a failure carries its stderr.
-fn ip(args: &[&str]) -> io::Result<String> {
+pub(super) fn ip(args: &[&str]) -> io::Result<String> {
     let out = Command::new("ip").arg("mptcp").args(args).output()?;
     if !out.status.success() {
         return Err(io::Error::other(format!(
