@@ -323,6 +323,67 @@ fn an_mptcp_server_and_its_copies_share_the_path_managers_limits() {
     assert_eq!(limits(), original, "the killed server's raise was left");
 }
 
+/// Two servers with the userspace MPTCP path manager in one namespace: the namespace keeps
+/// it selected while either runs, and the last to stop selects the in-kernel one again.
+/// (Each used to select again what it had found: the first to stop took the manager away
+/// from the second, and the second left it selected for good.)
+#[test]
+fn userspace_mptcp_servers_of_one_namespace_share_its_path_manager() {
+    use nix::sys::signal::{kill, Signal};
+    if !common::netns::root_or_skip(
+        "userspace_mptcp_servers_of_one_namespace_share_its_path_manager",
+    ) {
+        return;
+    }
+    let ns = common::netns::LoopbackNs::up();
+    let pm_type = || {
+        let out = ns
+            .command("cat")
+            .arg("/proc/sys/net/mptcp/pm_type")
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let root = tempfile::tempdir().unwrap();
+    let serve = |port: u16| {
+        let server = ServerProc(
+            ns.command(BIN)
+                .args(["serve", "--mptcp", "--mptcp-pm", "userspace", "--no-auth"])
+                .args(["--port", &port.to_string(), "--root"])
+                .arg(root.path())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        ns.wait_listening(port);
+        server
+    };
+    let stop = |mut server: ServerProc| {
+        kill(
+            nix::unistd::Pid::from_raw(server.0.id() as i32),
+            Signal::SIGTERM,
+        )
+        .unwrap();
+        server.0.wait().unwrap();
+    };
+    assert_eq!(pm_type(), "0", "the in-kernel path manager to begin with");
+    let first = serve(7000);
+    assert_eq!(pm_type(), "1");
+    let second = serve(7100);
+    stop(first);
+    assert_eq!(
+        pm_type(),
+        "1",
+        "the second server's path manager was taken away"
+    );
+    stop(second);
+    assert_eq!(
+        pm_type(),
+        "0",
+        "the userspace path manager was left selected"
+    );
+}
+
 /// Output into a pipe whose reader has gone (`hsxfer cc list | head -1`) is dropped, not a
 /// panic: `println!` panicked on the broken pipe, with a backtrace.
 #[test]

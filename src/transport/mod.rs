@@ -6,6 +6,7 @@ pub mod cc;
 pub mod mptcp;
 mod mptcp_limits;
 pub mod mptcp_pm;
+pub mod ns_settings;
 pub mod route;
 pub mod sock_diag;
 pub mod subflow_pacing;

@@ -7,7 +7,6 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Mutex;
 
 use netlink_packet_core::{
     DecodeError, Emitable, NetlinkMessage, NetlinkPayload, Nla, ParseableParametrized,
@@ -18,6 +17,8 @@ use netlink_packet_generic::ctrl::{GenlCtrl, GenlCtrlCmd};
 use netlink_packet_generic::{GenlFamily, GenlHeader, GenlMessage};
 use netlink_sys::protocols::NETLINK_GENERIC;
 use netlink_sys::{Socket, SocketAddr as NetlinkAddr};
+
+use super::ns_settings::{Raised, Setting};
 
 /// The family's name and its events' multicast group (linux/mptcp_pm.h).
 const FAMILY: &str = "mptcp_pm";
@@ -328,51 +329,65 @@ impl EventListener {
     }
 }
 
-/// Serializes changes of the namespace's path manager within this process.
-static PM_TYPE_LOCK: Mutex<()> = Mutex::new(());
+/// The namespace's path manager type (`net.mptcp.pm_type`): 0 the in-kernel one, 1 the
+/// userspace one. Raised to 1 while a server or a client's connection needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PmType(u8);
 
-/// Runs `make` (which creates an MPTCP socket) while this namespace selects the userspace
-/// path manager, then selects again what it selected before. A socket takes its manager
-/// when it is made; other MPTCP sockets made by other processes in that instant take the
-/// userspace one too (and then open no subflows of their own).
-pub fn with_userspace_pm<T>(make: impl FnOnce() -> T) -> io::Result<T> {
-    let _serial = PM_TYPE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let before = select_pm_type("1")?;
-    let made = make();
-    select_pm_type(&before)?;
-    Ok(made)
+impl Setting for PmType {
+    const NAME: &'static str = "mptcp-pm-type";
+
+    fn read() -> io::Result<PmType> {
+        let text = std::fs::read_to_string(PM_TYPE)?;
+        text.trim()
+            .parse()
+            .map(PmType)
+            .map_err(|e| io::Error::other(format!("{PM_TYPE}: {e}: {text}")))
+    }
+
+    fn set(&self) -> io::Result<()> {
+        std::fs::write(PM_TYPE, self.0.to_string())
+    }
+
+    fn max(self, other: PmType) -> PmType {
+        PmType(self.0.max(other.0))
+    }
+
+    fn words(&self) -> String {
+        self.0.to_string()
+    }
+
+    fn from_words(w: &[&str]) -> Option<PmType> {
+        w.first()?.parse().ok().map(PmType)
+    }
 }
 
-/// Writes `value` as the namespace's path manager type and returns the one it replaced (the
-/// caller holds [`PM_TYPE_LOCK`]).
-fn select_pm_type(value: &str) -> io::Result<String> {
-    let before = std::fs::read_to_string(PM_TYPE)?.trim().to_string();
-    std::fs::write(PM_TYPE, value)?;
-    Ok(before)
+/// The userspace path manager's type.
+const USERSPACE: PmType = PmType(1);
+
+/// Runs `make` (which creates an MPTCP socket) while this namespace selects the userspace
+/// path manager, then selects again what the namespace needs without it. A socket takes its
+/// manager when it is made; other MPTCP sockets made by other processes in that instant take
+/// the userspace one too (and then open no subflows of their own).
+pub fn with_userspace_pm<T>(make: impl FnOnce() -> T) -> io::Result<T> {
+    let _selected = Raised::to(USERSPACE)?;
+    Ok(make())
 }
 
 /// This namespace selects the userspace path manager while this lives (a server's accepted
-/// connections take the manager selected when they arrive), and what it selected before
-/// when dropped.
+/// connections take the manager selected when they arrive), and when dropped what it needs
+/// without it.
 #[derive(Debug)]
 pub struct UserspacePm {
-    before: String,
+    _selected: Raised<PmType>,
 }
 
 impl UserspacePm {
     /// Selects the userspace path manager (root only).
     pub fn select() -> io::Result<UserspacePm> {
-        let _serial = PM_TYPE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         Ok(UserspacePm {
-            before: select_pm_type("1")?,
+            _selected: Raised::to(USERSPACE)?,
         })
-    }
-}
-
-impl Drop for UserspacePm {
-    fn drop(&mut self) {
-        let _serial = PM_TYPE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = select_pm_type(&self.before);
     }
 }
 
