@@ -3,6 +3,7 @@
 
 pub mod buffers;
 pub mod cc;
+mod ip_mptcp;
 pub mod mptcp;
 mod mptcp_limits;
 pub mod mptcp_pm;

@@ -8,8 +8,8 @@
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::os::fd::{AsFd, AsRawFd};
-use std::process::Command;
 
+use super::ip_mptcp::ip;
 pub use super::mptcp_limits::{Limits, LimitsSet};
 use super::tcp_info::sample_of;
 use crate::channels::telemetry::TcpSample;
@@ -287,19 +287,6 @@ fn endpoint_id_in(shown: &str, addr: &str, port: Option<&str>) -> Option<String>
             .then(|| w.get(at + 1).map(|id| id.to_string()))
             .flatten()
     })
-}
-
-/// Runs `ip mptcp ARGS` and returns its output; a failure carries its stderr.
-pub(super) fn ip(args: &[&str]) -> io::Result<String> {
-    let out = Command::new("ip").arg("mptcp").args(args).output()?;
-    if !out.status.success() {
-        return Err(io::Error::other(format!(
-            "ip mptcp {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 #[cfg(test)]

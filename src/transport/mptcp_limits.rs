@@ -4,7 +4,7 @@
 
 use std::io;
 
-use super::mptcp::ip;
+use super::ip_mptcp::ip;
 use super::ns_settings::{Raised, Setting};
 
 /// The in-kernel path manager's limits (`ip mptcp limits`), which belong to the network
