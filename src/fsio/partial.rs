@@ -5,7 +5,7 @@
 //! Durability order: the data file is `fdatasync`ed before the journal records for its blocks
 //! are written, at most every [`SYNC_EVERY_BYTES`] or [`SYNC_EVERY`], so a journal never names
 //! a block whose bytes could be lost; on resume each journaled block is read and hashed again
-//! before it is trusted. The sync runs off the receiving path ([`Journal`]). Single-block
+//! before it is trusted. The sync runs off the receiving path (its `Journal`). Single-block
 //! files keep no journal: resending them is cheaper than journaling them. A commit runs the
 //! steps of [`COMMIT_ORDER`].
 //!

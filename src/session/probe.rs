@@ -113,7 +113,7 @@ pub struct ProbeReport {
     /// trial's meter stopped growing without a loss, or random loss held its channels back.
     pub rate_is_floor: bool,
     /// Bottleneck queue, packets: the RTT's inflation while the first trial's meter
-    /// overfilled the queue ([`loaded_srtt`]) times the rate (a busy end host adds its own
+    /// overfilled the queue (`loaded_srtt`) times the rate (a busy end host adds its own
     /// delay to it); `None` when the meter measured no rate, or a random loss ended it.
     pub queue_packets: Option<f64>,
     /// Whether `queue_packets` is only a floor: no loss showed the queue full before the

@@ -247,9 +247,9 @@ impl SendSource {
 const RECENT_SPAN_S: f64 = 0.2;
 
 /// The rate generated data is announced at: what the channels wrote over the last
-/// [`RECENT_SPAN_S`], or their mean since the start when that is higher. The mean alone lags
+/// `RECENT_SPAN_S`, or their mean since the start when that is higher. The mean alone lags
 /// slow start by several doublings: at 1 Gbit/s × 240 ms it was a fifth of the rate then, so
-/// the window of [`generated_window`] ran dry every round (the sockets held no unsent byte)
+/// the window of `generated_window` ran dry every round (the sockets held no unsent byte)
 /// and a bench measured its own supply, about half the link, instead of the path.
 #[derive(Debug, Default)]
 pub struct WriteRate {

@@ -32,8 +32,8 @@
 //!   allows (twice that in slow start): a channel held back by its window (a loss cut it,
 //!   or it is still growing) leaves its share to the others, so together they still send at
 //!   the total. So does a channel out of data, at a transfer's end.
-//! - **Caps at the path.** Every [`CREEP_ROUNDS`] rounds without a loss the caps creep up
-//!   by [`CREEP_STEP`] of the estimate, up to [`PACE_GAIN_MAX`]: a loss at caps so raised
+//! - **Caps at the path.** Every `CREEP_ROUNDS` rounds without a loss the caps creep up
+//!   by `CREEP_STEP` of the estimate, up to `PACE_GAIN_MAX`: a loss at caps so raised
 //!   sends them back to [`PACE_GAIN`], and they creep back up to one step under where they
 //!   lost.
 //! - **Keeping the estimate honest.** Repeated losses at the caps lower the estimate by 2 %;
@@ -43,7 +43,7 @@
 //!   may not fill the path by itself (measured at 1 Gbit/s × 60 ms × 64 packets: meters
 //!   2–22 % low on a busy 2-core host), although on a tiny queue a probe above a right
 //!   estimate costs a loss. A probe that ends with a queue standing at the bottleneck (the
-//!   smoothed RTT [`QUEUE_RTT_GROWTH`] times the least) found the path full: the estimate
+//!   smoothed RTT `QUEUE_RTT_GROWTH` times the least) found the path full: the estimate
 //!   stays, and the next probe waits as after one that did not pay.
 //! - **Random loss.** Losses while the channels send well below their caps are not theirs:
 //!   the caps go (and under `--policy fast` the channels switch to BBR). Once, when the
@@ -60,7 +60,7 @@
 //! When the meter ends without proof that the path was full (a host's window held the
 //! channel back, the rate stopped growing below the cap, or it ran out of time), the rate
 //! stays unknown: the channels run with TCP's pacing but no cap, and may be added. Except
-//! where one channel's host stopped growing on a path of [`LONG_PATH_RTT_S`] or more: the
+//! where one channel's host stopped growing on a path of `LONG_PATH_RTT_S` or more: the
 //! path carried that rate without a loss, so the caps start there and probes raise them.
 //!
 //! Pure: decisions come from [`PathEstimator`] readings and the time in them.

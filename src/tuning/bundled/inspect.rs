@@ -62,7 +62,7 @@ pub fn origin(name: &str) -> Origin {
 }
 
 /// Ids of the struct_ops links whose map is called `name` (a congestion control's
-/// [`super::ops_name`]).
+/// `ops_name`).
 pub fn struct_ops_links(name: &str) -> Vec<u32> {
     LinkInfoIter::default()
         .filter_map(|l| match l.info {
