@@ -190,28 +190,15 @@ fn an_interrupted_mptcp_copy_puts_the_path_managers_limits_back() {
         std::env::var("PATH").unwrap_or_default()
     );
     let ns = common::netns::LoopbackNs::up();
-    let ip_mptcp = |what: &str| {
-        let out = ns.command("ip").args(["mptcp", what]).output().unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    let limits = || ip_mptcp("limits");
-    let endpoints = || ip_mptcp("endpoint");
+    let limits = || ns.ip_mptcp("limits");
+    let endpoints = || ns.ip_mptcp("endpoint");
     let src = tempfile::tempdir().unwrap();
     random_file(&src.path().join("big"), 300 << 20, 13);
     for (signal, code) in [(Signal::SIGINT, 130), (Signal::SIGHUP, 129)] {
         let root = tempfile::tempdir().unwrap();
         let port = free_port();
         let p = port.to_string();
-        let _server = ServerProc(
-            ns.command(BIN)
-                .args(["serve", "--mptcp", "--no-auth", "--port", &p, "--root"])
-                .arg(root.path())
-                .env("PATH", &path)
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
-        ns.wait_listening(port);
+        let _server = ns.serve(root.path(), port, &["--mptcp"], &[("PATH", &path)]);
         // The server announces 8 subflow ports, raising the subflow limit for them, before
         // it listens: a client that raised the limits meanwhile had its raise written over.
         // (The second round's server takes over the ports the killed first one left.)
@@ -247,27 +234,10 @@ fn an_mptcp_server_and_its_copies_share_the_path_managers_limits() {
         return;
     }
     let ns = common::netns::LoopbackNs::up();
-    let limits = || {
-        let out = ns.command("ip").args(["mptcp", "limits"]).output().unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let limits = || ns.ip_mptcp("limits");
     let (src, root) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     random_file(&src.path().join("big"), 300 << 20, 14);
-    let serve = || {
-        let server = ServerProc(
-            ns.command(BIN)
-                .args(["serve", "--mptcp", "--no-auth", "--port", "7000", "--root"])
-                .arg(root.path())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
-        ns.wait_listening(7000);
-        server
-    };
-    let signal = |child: &Child, signal: Signal| {
-        kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
-    };
+    let serve = || ns.serve(root.path(), 7000, &["--mptcp"], &[]);
     // A copy of `channels` subflows (it raises the limits to `channels - 1` of each), past
     // its first block.
     let copy = |channels: &str, to: &str| {
@@ -296,7 +266,11 @@ fn an_mptcp_server_and_its_copies_share_the_path_managers_limits() {
         ServerProc(child)
     };
     let interrupt = |mut copy: ServerProc| {
-        signal(&copy.0, Signal::SIGINT);
+        kill(
+            nix::unistd::Pid::from_raw(copy.0.id() as i32),
+            Signal::SIGINT,
+        )
+        .unwrap();
         assert_eq!(copy.0.wait().unwrap().code(), Some(130));
     };
     let original = limits();
@@ -314,12 +288,9 @@ fn an_mptcp_server_and_its_copies_share_the_path_managers_limits() {
     );
     interrupt(three);
     assert_eq!(limits(), announcing, "the copies' raises were left");
-    // Killed: its raise and ports stay, and the next server takes over both.
-    signal(&server.0, Signal::SIGKILL);
+    // Killed (on drop): its raise and ports stay, and the next server takes over both.
     drop(server);
-    let mut next = serve();
-    signal(&next.0, Signal::SIGTERM);
-    next.0.wait().unwrap();
+    serve().terminate();
     assert_eq!(limits(), original, "the killed server's raise was left");
 }
 
@@ -329,7 +300,6 @@ fn an_mptcp_server_and_its_copies_share_the_path_managers_limits() {
 /// from the second, and the second left it selected for good.)
 #[test]
 fn userspace_mptcp_servers_of_one_namespace_share_its_path_manager() {
-    use nix::sys::signal::{kill, Signal};
     if !common::netns::root_or_skip(
         "userspace_mptcp_servers_of_one_namespace_share_its_path_manager",
     ) {
@@ -345,38 +315,25 @@ fn userspace_mptcp_servers_of_one_namespace_share_its_path_manager() {
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     };
     let root = tempfile::tempdir().unwrap();
-    let serve = |port: u16| {
-        let server = ServerProc(
-            ns.command(BIN)
-                .args(["serve", "--mptcp", "--mptcp-pm", "userspace", "--no-auth"])
-                .args(["--port", &port.to_string(), "--root"])
-                .arg(root.path())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
-        ns.wait_listening(port);
-        server
-    };
-    let stop = |mut server: ServerProc| {
-        kill(
-            nix::unistd::Pid::from_raw(server.0.id() as i32),
-            Signal::SIGTERM,
+    let serve = |port| {
+        ns.serve(
+            root.path(),
+            port,
+            &["--mptcp", "--mptcp-pm", "userspace"],
+            &[],
         )
-        .unwrap();
-        server.0.wait().unwrap();
     };
     assert_eq!(pm_type(), "0", "the in-kernel path manager to begin with");
     let first = serve(7000);
     assert_eq!(pm_type(), "1");
     let second = serve(7100);
-    stop(first);
+    first.terminate();
     assert_eq!(
         pm_type(),
         "1",
         "the second server's path manager was taken away"
     );
-    stop(second);
+    second.terminate();
     assert_eq!(
         pm_type(),
         "0",

@@ -393,6 +393,34 @@ impl LoopbackNs {
         c
     }
 
+    /// The output of `ip mptcp WHAT` in the namespace (`limits`, `endpoint`).
+    pub fn ip_mptcp(&self, what: &str) -> String {
+        let out = self.command("ip").args(["mptcp", what]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Starts `hsxfer serve --no-auth --port PORT --root ROOT ARGS` in the namespace, with
+    /// `env` set and its stderr dropped, and waits until it accepts.
+    pub fn serve(
+        &self,
+        root: &std::path::Path,
+        port: u16,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> ServerProc {
+        let child = self
+            .command(env!("CARGO_BIN_EXE_hsxfer"))
+            .args(["serve", "--no-auth", "--port", &port.to_string(), "--root"])
+            .arg(root)
+            .args(args)
+            .envs(env.iter().copied())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the server");
+        self.wait_listening(port);
+        ServerProc(child)
+    }
+
     /// Waits (at most 10 s) until something in the namespace accepts connections on
     /// 127.0.0.1:`port`.
     pub fn wait_listening(&self, port: u16) {
