@@ -609,6 +609,11 @@ fn bad_input_gets_a_clear_one_line_error() {
         ],
         "required arguments were not provided:\n  --mptcp",
     );
+    // A server's block memory holds at least one default block.
+    refused_as_usage(
+        &["serve", "--no-auth", "--root", ".", "--block-memory", "1M"],
+        "1M holds less than one 4 MiB block: use at least 4M",
+    );
     // `lab run` refuses a queue it cannot use before it builds anything.
     usage_error(
         &["lab", "run", "fairness", "--buffer", "1bdp"],

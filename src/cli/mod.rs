@@ -161,6 +161,9 @@ struct FaultArgs {
     /// Kill the receiving server (SIGKILL) just before this step of a commit.
     #[arg(long, hide = true, value_name = "STEP")]
     debug_crash_at: Option<hsxfer::fsio::partial::CommitStep>,
+    /// A receiving server takes this much longer over every block it writes.
+    #[arg(long, hide = true, value_name = "DURATION", value_parser = units::parse_duration)]
+    debug_slow_block_writes: Option<std::time::Duration>,
 }
 
 #[cfg(feature = "testing")]
@@ -170,6 +173,7 @@ impl FaultArgs {
             corrupt_on_wire: self.debug_corrupt_wire,
             corrupt_past_check: self.debug_corrupt_past_check,
             crash_at: self.debug_crash_at,
+            slow_block_writes: self.debug_slow_block_writes,
             ..Default::default()
         }
     }
@@ -196,6 +200,11 @@ struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = ServerLimits::default().sessions_per_address,
           value_parser = clap::value_parser!(u32).range(1..))]
     max_sessions_per_address: u32,
+    /// Memory for blocks being received, across sessions (e.g. 64M, 1G): a channel waits
+    /// for a block's buffer while all of it is held. Raise it for many channels of large
+    /// blocks at once.
+    #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = parse_block_memory)]
+    block_memory: u64,
     /// Exit when the first session that moves files (a push or a pull) ends.
     #[arg(long)]
     once: bool,
@@ -405,6 +414,19 @@ fn parse_buffer(s: &str) -> Result<BufferChoice, String> {
             .map(BufferChoice::Fixed)
             .map_err(|e| format!("{e}; or auto, kernel")),
     }
+}
+
+/// A server's block memory: at least one default block, so that a transfer is not slowed to
+/// one block at a time by a typo.
+fn parse_block_memory(s: &str) -> Result<u64, String> {
+    let bytes = units::parse_size(s)?;
+    let least = u64::from(hsxfer::tuning::defaults::BLOCK_SIZE);
+    if bytes < least {
+        return Err(format!(
+            "{s} holds less than one 4 MiB block: use at least 4M"
+        ));
+    }
+    Ok(bytes)
 }
 
 fn parse_policy(s: &str) -> Result<Policy, String> {
@@ -647,6 +669,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<bool> {
         limits: ServerLimits {
             sessions: a.max_sessions,
             sessions_per_address: a.max_sessions_per_address,
+            block_memory: usize::try_from(a.block_memory).unwrap_or(usize::MAX),
             ..ServerLimits::default()
         },
         mptcp: a.mptcp,

@@ -27,6 +27,9 @@ pub struct ServerLimits {
     pub handshake_timeout: Duration,
     /// How long an authenticated control connection may take to send its request.
     pub request_timeout: Duration,
+    /// Bytes of blocks being received, across sessions
+    /// ([`super::block_memory::BlockMemory`]).
+    pub block_memory: usize,
 }
 
 impl Default for ServerLimits {
@@ -38,6 +41,7 @@ impl Default for ServerLimits {
             sessions_per_address: 64,
             handshake_timeout: super::handshake::HANDSHAKE_TIMEOUT,
             request_timeout: Duration::from_secs(60),
+            block_memory: super::block_memory::DEFAULT_SERVER_BLOCK_MEMORY,
         }
     }
 }

@@ -483,6 +483,7 @@ impl Client {
             slow_block_writes: None,
             slow_part_closes: None,
             budget: Some(super::budget::FileBudget::of_clients()),
+            block_memory: super::block_memory::BlockMemory::unbounded(),
             unplanned_files,
             stop: None,
         }

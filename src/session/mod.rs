@@ -3,6 +3,7 @@
 //! [`receiver`] run the data plane of either role, so push, pull and bench share one code path.
 
 pub mod admission;
+pub mod block_memory;
 pub mod budget;
 pub mod builder;
 pub mod client;

@@ -8,11 +8,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit};
 use tokio::task::JoinSet;
 
+use super::block_memory::{BlockBuffer, BlockMemory};
 use super::budget::FileBudget;
 use super::engine::{channel_ended, conclude, stopped, StopWatch};
 use super::fswork::FileWork;
@@ -95,6 +95,9 @@ pub struct ReceiveEngine<R, W> {
     /// The process's budget of open files, shared with its other sessions; `None` bounds
     /// the session only by [`crate::channels::limits::MAX_UNFINISHED_FILES`].
     pub budget: Option<FileBudget>,
+    /// Buffers for the blocks the channels receive: the server's, shared by its sessions, or
+    /// [`BlockMemory::unbounded`] for a client's transfer.
+    pub block_memory: BlockMemory,
     /// How many first files the sender sends before their plans (a pull into a destination
     /// that holds nothing, `Operation::Pull`'s `unplanned_files`): they are planned as soon
     /// as their manifest arrives, with no plan sent back, and a block that overtook its
@@ -167,6 +170,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
             live: self.live.clone(),
             key: self.digest_key,
             slow_writes: self.slow_block_writes,
+            memory: self.block_memory.clone(),
         }
     }
 
@@ -660,14 +664,14 @@ struct ChannelReceiver {
     live: Arc<LiveStats>,
     key: DigestKey,
     slow_writes: Option<Duration>,
+    memory: BlockMemory,
 }
 
 impl ChannelReceiver {
     async fn run(mut self) -> Result<()> {
-        let mut buf = BytesMut::new();
         while let Some(h) = read_header(&mut self.stream).await? {
             let (block, target) = self.placed(&h).await?;
-            buf.clear();
+            let mut buf = self.memory.take(h.len).await;
             let (live, index) = (&self.live, self.index);
             let got = read_payload(&mut self.stream, h.len, &mut buf, &self.key, |n| {
                 live.add(index, n)
@@ -681,7 +685,7 @@ impl ChannelReceiver {
                 Verdict::Resend(vec![block])
             } else {
                 if let Some(t) = target.filter(|t| !matches!(**t, Target::Discard)) {
-                    let (b, r) = write_target(
+                    write_target(
                         &self.work,
                         t,
                         (h.offset, block),
@@ -689,9 +693,7 @@ impl ChannelReceiver {
                         got.digest,
                         self.slow_writes,
                     )
-                    .await;
-                    buf = b;
-                    r?;
+                    .await?;
                 }
                 lock(&self.shared)
                     .tracker
@@ -732,37 +734,34 @@ impl ChannelReceiver {
     }
 }
 
-/// Writes a checked block to its file (on a file thread) and journals it; hands the buffer
-/// back for the next block.
+/// Writes a checked block to its file (on a file thread) and journals it; its buffer goes back
+/// to the block memory once written.
 async fn write_target(
     work: &FileWork,
     t: Arc<Target>,
     (offset, block): (u64, u64),
-    payload: BytesMut,
+    payload: BlockBuffer,
     digest: Digest,
     slow: Option<Duration>,
-) -> (BytesMut, Result<()>) {
-    let joined = work
-        .run("writing a block", move || {
-            if let Some(d) = slow {
-                std::thread::sleep(d);
+) -> Result<()> {
+    work.run("writing a block", move || {
+        if let Some(d) = slow {
+            std::thread::sleep(d);
+        }
+        match &*t {
+            Target::Partial(p) => {
+                let ctx = || format!("writing {}", p.target().display());
+                p.write_block(offset, &payload)
+                    .and_then(|_| p.record(block, &digest))
+                    .map_err(Error::io(ctx()))
             }
-            let r = match &*t {
-                Target::Partial(p) => {
-                    let ctx = || format!("writing {}", p.target().display());
-                    p.write_block(offset, &payload)
-                        .and_then(|_| p.record(block, &digest))
-                        .map_err(Error::io(ctx()))
-                }
-                Target::Stream(s) => s
-                    .lock()
-                    .expect("stream sink lock")
-                    .write_block(offset, &payload)
-                    .map_err(Error::io("writing to the output stream")),
-                Target::Discard => Ok(()),
-            };
-            (payload, r)
-        })
-        .await;
-    joined.unwrap_or_else(|e| (BytesMut::new(), Err(e)))
+            Target::Stream(s) => s
+                .lock()
+                .expect("stream sink lock")
+                .write_block(offset, &payload)
+                .map_err(Error::io("writing to the output stream")),
+            Target::Discard => Ok(()),
+        }
+    })
+    .await?
 }

@@ -12,6 +12,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, Notify};
 
 use super::admission::{Admission, ServerLimits, Ticket};
+use super::block_memory::BlockMemory;
 use super::budget::FileBudget;
 use super::engine::stopped;
 use super::faults::FaultInjection;
@@ -166,6 +167,8 @@ struct State {
     tls: ServerTls,
     /// Files open for receiving, across sessions.
     files: FileBudget,
+    /// Buffers for blocks being received, across sessions.
+    block_memory: BlockMemory,
     faults: FaultInjection,
     admission: Admission,
     pending: Mutex<HashMap<SessionId, Pending>>,
@@ -228,6 +231,7 @@ impl Server {
                 key: cfg.auth.key(),
                 tls: cfg.tls.clone(),
                 files: FileBudget::for_this_process(),
+                block_memory: BlockMemory::with_bytes(cfg.limits.block_memory),
                 faults: cfg.faults(),
                 admission: Admission::new(cfg.limits),
                 pending: Mutex::new(HashMap::new()),
@@ -611,6 +615,7 @@ async fn control(
                 slow_block_writes: faults.slow_block_writes,
                 slow_part_closes: faults.slow_part_closes,
                 budget: Some(state.files.clone()),
+                block_memory: state.block_memory.clone(),
                 unplanned_files: 0,
                 stop: Some(state.stop.subscribe()),
             }

@@ -309,10 +309,16 @@ pub fn limited_server(root: &Path) -> (ServerProc, u16) {
 
 /// `hsxfer serve --no-auth` at `ulimit -n NOFILE` on a free loopback port, serving `root`.
 pub fn limited_server_at(root: &Path, nofile: u32) -> (ServerProc, u16) {
+    limited_server_with(root, nofile, &[])
+}
+
+/// [`limited_server_at`] with more arguments for `hsxfer serve`.
+pub fn limited_server_with(root: &Path, nofile: u32, args: &[&str]) -> (ServerProc, u16) {
     let port = free_port();
     let child = limited_to(nofile)
         .args(["serve", "--no-auth", "--port", &port.to_string(), "--root"])
         .arg(root)
+        .args(args)
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
