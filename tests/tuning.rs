@@ -201,7 +201,12 @@ fn a_probe_measures_a_tiny_queue_path_and_its_profile_makes_a_plain_copy_fast() 
     while pairs < 2 || (tuned_faithful.is_empty() && pairs < 4) {
         let (plain, late) = copy(&[]);
         let origin = plain["tuning"]["origin"].to_string();
-        assert!(origin.contains("profile (probe"), "{origin}");
+        // The first starts from the probe's profile. A copy that ran 10 s or more saves what
+        // its tuner measured as the profile (`learned_profile`), so the next may start from
+        // that one: 200 MiB at this path's 171 Mbit/s take about 10 s.
+        let from_probe = origin.contains("profile (probe");
+        let learned = pairs > 0 && origin.contains("profile (copy");
+        assert!(from_probe || learned, "copy {}: {origin}", pairs + 1);
         let tuned = plain["goodput_bps"].as_f64().unwrap();
         if faithful(late) {
             tuned_faithful.push(tuned);
