@@ -673,13 +673,21 @@ impl Client {
         channels.sort_by_key(|c| c.0);
         let channels: Vec<Stream> = channels.into_iter().map(|c| c.1).collect();
         let transport = self.transport_of(&channels, &mut report.notes);
-        pm.open_subflows(&channels[0], addr, &mut report.notes);
+        pm.open_subflows(&channels[0], addr, pm.subflows - 1, &mut report.notes);
         report.notes.extend(mptcp_notes);
         let subflows = match transport {
             Transport::Mptcp => {
-                let joined =
-                    wait_for_subflows(&channels, pm.subflows, Duration::from_micros(report.rtt_us))
-                        .await;
+                let rtt = Duration::from_micros(report.rtt_us);
+                let mut joined = wait_for_subflows(&channels, pm.subflows, rtt).await;
+                // Joins that failed are asked for once more, unless the server's path manager
+                // is the kernel's, which took all it takes.
+                let refused_past_kernel_cap = joined == MAX_EXTRA_SUBFLOWS + 1;
+                let opening: u16 = channels.iter().map(mptcp::opening_subflows).sum();
+                let missing = pm.subflows.saturating_sub(joined + opening);
+                if pm.userspace() && missing > 0 && !refused_past_kernel_cap {
+                    pm.open_subflows(&channels[0], addr, missing, &mut report.notes);
+                    joined = wait_for_subflows(&channels, pm.subflows, rtt).await;
+                }
                 if pm.userspace() && joined < pm.subflows {
                     report.notes.push(format!(
                         "client: {joined} of {} MPTCP subflows joined: a server with the \
@@ -1029,15 +1037,27 @@ fn dial_channels(
 /// has: `want`, or as many as joined by then. The server's path manager announces its ports
 /// one at a time, each after the previous one was acknowledged, so the k-th extra subflow
 /// joins about k round trips in: the wait is `want` + 2 RTTs (at least 200 ms, at most 5 s).
+/// A join whose SYN or SYN-ACK was lost is sent again after the kernel's first 1 s timeout,
+/// so while subflows are still being opened the wait goes on, up to [`JOIN_RETRY_WAIT`].
 async fn wait_for_subflows(channels: &[Stream], want: u16, rtt: Duration) -> u16 {
     let count = || channels.iter().filter_map(mptcp::subflows).sum::<u16>();
-    let wait = rtt * (want as u32 + 2);
-    let until = Instant::now() + wait.clamp(Duration::from_millis(200), Duration::from_secs(5));
-    while count() < want && Instant::now() < until {
+    let opening = || channels.iter().map(mptcp::opening_subflows).sum::<u16>();
+    let start = Instant::now();
+    let wait = (rtt * (want as u32 + 2)).clamp(Duration::from_millis(200), Duration::from_secs(5));
+    loop {
+        let joined = count();
+        let waited = start.elapsed();
+        let done = waited >= wait && (opening() == 0 || waited >= wait.max(JOIN_RETRY_WAIT));
+        if joined >= want || done {
+            return joined;
+        }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    count()
 }
+
+/// How long subflows still being opened are waited for: a join sent again after the
+/// kernel's first 1 s timeout, and its answer.
+const JOIN_RETRY_WAIT: Duration = Duration::from_millis(2500);
 
 /// Says in words what a buffer request means.
 fn describe_buffer(b: BufferRequest) -> String {

@@ -201,14 +201,14 @@ impl PathManager {
         self.userspace.is_some()
     }
 
-    /// With the userspace path manager, asks for the connection on `sock` (connected to
-    /// `server`) to have [`PathManager::subflows`] subflows from its own address; a note
-    /// says what failed. The server must run the userspace path manager too to take more
-    /// than 9.
+    /// With the userspace path manager, asks for `count` more subflows of the connection on
+    /// `sock` (connected to `server`) from its own address; a note says what failed. The
+    /// server must run the userspace path manager too to take more than 9 in all.
     pub fn open_subflows(
         &mut self,
         sock: &impl std::os::fd::AsFd,
         server: SocketAddr,
+        count: u16,
         notes: &mut Vec<String>,
     ) {
         let Some(pm) = self.userspace.as_mut() else {
@@ -222,7 +222,7 @@ impl PathManager {
             notes.push("client: the connection runs as TCP: no subflows to open".into());
             return;
         };
-        for _ in 1..self.subflows {
+        for _ in 0..count {
             if let Err(e) = pm.create_subflow(token, local.ip(), server) {
                 notes.push(format!("client: opening MPTCP subflows: {e}"));
                 return;

@@ -26,8 +26,11 @@ const MPTCP_SUBFLOW_ADDRS: libc::c_int = 3;
 const MAX_SUBFLOWS_READ: usize = 64;
 /// `TCP_ESTABLISHED` (`tcpi_state`).
 const TCP_ESTABLISHED: u8 = 1;
+/// `TCP_SYN_SENT`, `TCP_SYN_RECV` (`tcpi_state`): a subflow being opened.
+const TCP_SYN_SENT: u8 = 2;
+const TCP_SYN_RECV: u8 = 3;
 /// `TCP_SYN_SENT`, `TCP_SYN_RECV`, `TCP_CLOSE`: a subflow that carries nothing yet or any more.
-const OPENING_OR_CLOSED: [u8; 3] = [2, 3, 7];
+const OPENING_OR_CLOSED: [u8; 3] = [TCP_SYN_SENT, TCP_SYN_RECV, 7];
 /// `SO_MAX_PACING_RATE` at or above this caps nothing: `~0` from user space, and the
 /// largest value [`super::subflow_pacing`] sets (its helper takes 32 bits).
 const UNCAPPED_FROM: u64 = 0xffff_fffe;
@@ -49,6 +52,17 @@ pub fn subflows(sock: &impl AsFd) -> Option<u16> {
         })
         .unwrap_or(counted);
     Some(established)
+}
+
+/// How many subflows of the MPTCP connection on `sock` are still being opened (their SYN or
+/// SYN-ACK not answered yet): 0 for TCP.
+pub fn opening_subflows(sock: &impl AsFd) -> u16 {
+    subflow_array::<libc::tcp_info>(sock, MPTCP_TCPINFO).map_or(0, |infos| {
+        infos
+            .iter()
+            .filter(|t| matches!(t.tcpi_state, TCP_SYN_SENT | TCP_SYN_RECV))
+            .count() as u16
+    })
 }
 
 /// The token of the MPTCP connection on `sock` (what the kernel and the peer name it by),
