@@ -164,18 +164,27 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// Takes `len` bytes while `held` is held: the taker must wait until `held` is given
+    /// back, and then get a buffer. Returns its capacity.
+    async fn waits_until_given_back(memory: &BlockMemory, held: BlockBuffer, len: u32) -> usize {
+        let m = memory.clone();
+        let waiting = tokio::spawn(async move { m.take(len).await.capacity() });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !waiting.is_finished(),
+            "took {len} bytes beside what is held"
+        );
+        drop(held);
+        let got = tokio::time::timeout(Duration::from_secs(5), waiting).await;
+        got.expect("not woken by the buffer given back").unwrap()
+    }
+
     #[tokio::test]
     async fn a_taker_waits_until_a_buffer_is_given_back() {
         let memory = BlockMemory::with_bytes(8 << 20);
         let a = memory.take(4 << 20).await;
         let _b = memory.take(4 << 20).await;
-        let m = memory.clone();
-        let waiting = tokio::spawn(async move { m.take(4 << 20).await.capacity() });
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(!waiting.is_finished(), "took more than the memory holds");
-        drop(a);
-        let got = tokio::time::timeout(Duration::from_secs(5), waiting).await;
-        assert!(got.expect("not woken by the buffer given back").unwrap() >= 4 << 20);
+        assert!(waits_until_given_back(&memory, a, 4 << 20).await >= 4 << 20);
     }
 
     #[tokio::test]
@@ -195,12 +204,6 @@ mod tests {
     async fn a_block_larger_than_the_memory_waits_for_all_of_it() {
         let memory = BlockMemory::with_bytes(4 << 20);
         let small = memory.take(1 << 20).await;
-        let m = memory.clone();
-        let waiting = tokio::spawn(async move { m.take(16 << 20).await.capacity() });
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(!waiting.is_finished(), "ran beside another block");
-        drop(small);
-        let got = tokio::time::timeout(Duration::from_secs(5), waiting).await;
-        assert!(got.expect("never ran alone").unwrap() >= 16 << 20);
+        assert!(waits_until_given_back(&memory, small, 16 << 20).await >= 16 << 20);
     }
 }
