@@ -232,7 +232,7 @@ pub async fn read_payload<R: AsyncRead + Unpin>(
     let mut hashed = start;
     while buf.len() < end {
         let want = (end - buf.len()).min(PIECE) as u64;
-        match (&mut *r).take(want).read_buf(buf).await.map_err(closed)? {
+        match within_stall((&mut *r).take(want).read_buf(buf)).await? {
             0 => return Err(Error::PeerVanished),
             n => arrived(n as u64),
         }
@@ -242,12 +242,29 @@ pub async fn read_payload<R: AsyncRead + Unpin>(
         }
     }
     let mut trailer = [0u8; TRAILER_LEN];
-    r.read_exact(&mut trailer).await.map_err(closed)?;
+    within_stall(r.read_exact(&mut trailer)).await?;
     let digest = check.finish();
     Ok(Received {
         intact: trailer == digest.0,
         digest,
     })
+}
+
+/// A block whose payload stops arriving for this long ends its session. A stopped sender
+/// (a client suspended with Ctrl-Z: its kernel still answers keepalives) would otherwise hold
+/// the block's buffer, taken from the server's block memory that other sessions wait for,
+/// for good. As long as a sender waits for an ACK ([`crate::transport::tcp::USER_TIMEOUT`]).
+pub const BLOCK_STALL: Duration = crate::transport::tcp::USER_TIMEOUT;
+
+/// One read of a block's payload, ended after [`BLOCK_STALL`].
+async fn within_stall<T>(read: impl std::future::Future<Output = io::Result<T>>) -> Result<T> {
+    match tokio::time::timeout(BLOCK_STALL, read).await {
+        Ok(r) => r.map_err(closed),
+        Err(_) => Err(Error::Timeout(
+            "waiting for the rest of a block: nothing came for 2 minutes (run the same \
+             command again to resume)",
+        )),
+    }
 }
 
 /// Deliberate damage to one block on its way out (tests of the integrity path).
@@ -369,4 +386,27 @@ fn flipped(piece: &[u8]) -> Vec<u8> {
     let mut v = piece.to_vec();
     v[0] ^= 0xff;
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_block_that_stops_arriving_ends_after_the_stall_time() {
+        let (mut tx, mut rx) = tokio::io::duplex(1 << 20);
+        tx.write_all(&[7u8; 1000]).await.unwrap();
+        let key = DigestKey::default();
+        let started = tokio::time::Instant::now();
+        let mut buf = BytesMut::new();
+        let read = read_payload(&mut rx, 4096, &mut buf, &key, |_| {});
+        let got = tokio::time::timeout(BLOCK_STALL * 2, read)
+            .await
+            .expect("the read never ended");
+        assert!(matches!(got, Err(Error::Timeout(_))), "{:?}", got.err());
+        let waited = started.elapsed();
+        assert!(waited >= BLOCK_STALL && waited < BLOCK_STALL + Duration::from_secs(1));
+        assert_eq!(buf.len(), 1000);
+        drop(tx);
+    }
 }
