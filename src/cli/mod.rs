@@ -200,11 +200,11 @@ struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = ServerLimits::default().sessions_per_address,
           value_parser = clap::value_parser!(u32).range(1..))]
     max_sessions_per_address: u32,
-    /// Memory for blocks being received, across sessions (e.g. 64M, 1G): a channel waits
-    /// for a block's buffer while all of it is held. Raise it for many channels of large
-    /// blocks at once.
-    #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = parse_block_memory)]
-    block_memory: u64,
+    /// Memory for blocks being received, across sessions (default: 64M; e.g. 1G): a channel
+    /// waits for a block's buffer while all of it is held. Raise it for many channels of
+    /// large blocks at once.
+    #[arg(long, value_name = "SIZE", value_parser = parse_block_memory)]
+    block_memory: Option<u64>,
     /// Exit when the first session that moves files (a push or a pull) ends.
     #[arg(long)]
     once: bool,
@@ -422,8 +422,9 @@ fn parse_block_memory(s: &str) -> Result<u64, String> {
     let bytes = units::parse_size(s)?;
     let least = u64::from(hsxfer::tuning::defaults::BLOCK_SIZE);
     if bytes < least {
+        let mib = least >> 20;
         return Err(format!(
-            "{s} holds less than one 4 MiB block: use at least 4M"
+            "{s} holds less than one {mib} MiB block: use at least {mib}M"
         ));
     }
     Ok(bytes)
@@ -669,7 +670,11 @@ async fn serve(a: ServeArgs) -> anyhow::Result<bool> {
         limits: ServerLimits {
             sessions: a.max_sessions,
             sessions_per_address: a.max_sessions_per_address,
-            block_memory: usize::try_from(a.block_memory).unwrap_or(usize::MAX),
+            block_memory: a
+                .block_memory
+                .map_or(ServerLimits::default().block_memory, |b| {
+                    usize::try_from(b).unwrap_or(usize::MAX)
+                }),
             ..ServerLimits::default()
         },
         mptcp: a.mptcp,

@@ -40,7 +40,7 @@ use crate::error::{Error, Result};
 use crate::fsio::dest::Destination;
 use crate::fsio::root::Scope;
 use crate::fsio::source::SourceTree;
-use crate::transport::mptcp::{self, MAX_EXTRA_SUBFLOWS};
+use crate::transport::mptcp::{self, SubflowCounts, MAX_EXTRA_SUBFLOWS};
 use crate::transport::route;
 use crate::transport::subflow_pacing;
 use crate::transport::tcp_info::tcp_info;
@@ -678,15 +678,17 @@ impl Client {
         let subflows = match transport {
             Transport::Mptcp => {
                 let rtt = Duration::from_micros(report.rtt_us);
-                let mut joined = wait_for_subflows(&channels, pm.subflows, rtt).await;
+                let first = wait_for_subflows(&channels, pm.subflows, rtt).await;
+                let mut joined = first.established;
                 // Joins that failed are asked for once more, unless the server's path manager
                 // is the kernel's, which took all it takes.
                 let refused_past_kernel_cap = joined == MAX_EXTRA_SUBFLOWS + 1;
-                let opening: u16 = channels.iter().map(mptcp::opening_subflows).sum();
-                let missing = pm.subflows.saturating_sub(joined + opening);
+                let missing = pm.subflows.saturating_sub(joined + first.opening);
                 if pm.userspace() && missing > 0 && !refused_past_kernel_cap {
                     pm.open_subflows(&channels[0], addr, missing, &mut report.notes);
-                    joined = wait_for_subflows(&channels, pm.subflows, rtt).await;
+                    joined = wait_for_subflows(&channels, pm.subflows, rtt)
+                        .await
+                        .established;
                 }
                 if pm.userspace() && joined < pm.subflows {
                     report.notes.push(format!(
@@ -1033,23 +1035,25 @@ fn dial_channels(
     joins
 }
 
-/// Waits for the MPTCP connection's extra subflows to join and returns how many subflows it
-/// has: `want`, or as many as joined by then. The server's path manager announces its ports
+/// Waits for the MPTCP connection's extra subflows to join and returns its subflows then:
+/// `want` established, or as many as joined by then and those still being opened. The server's path manager announces its ports
 /// one at a time, each after the previous one was acknowledged, so the k-th extra subflow
 /// joins about k round trips in: the wait is `want` + 2 RTTs (at least 200 ms, at most 5 s).
 /// A join whose SYN or SYN-ACK was lost is sent again after the kernel's first 1 s timeout,
 /// so while subflows are still being opened the wait goes on, up to [`JOIN_RETRY_WAIT`].
-async fn wait_for_subflows(channels: &[Stream], want: u16, rtt: Duration) -> u16 {
-    let count = || channels.iter().filter_map(mptcp::subflows).sum::<u16>();
-    let opening = || channels.iter().map(mptcp::opening_subflows).sum::<u16>();
+async fn wait_for_subflows(channels: &[Stream], want: u16, rtt: Duration) -> SubflowCounts {
     let start = Instant::now();
     let wait = (rtt * (want as u32 + 2)).clamp(Duration::from_millis(200), Duration::from_secs(5));
     loop {
-        let joined = count();
+        let mut now = SubflowCounts::default();
+        for c in channels.iter().filter_map(mptcp::subflow_counts) {
+            now.established += c.established;
+            now.opening += c.opening;
+        }
         let waited = start.elapsed();
-        let done = waited >= wait && (opening() == 0 || waited >= wait.max(JOIN_RETRY_WAIT));
-        if joined >= want || done {
-            return joined;
+        let done = waited >= wait && (now.opening == 0 || waited >= wait.max(JOIN_RETRY_WAIT));
+        if now.established >= want || done {
+            return now;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

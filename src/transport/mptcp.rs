@@ -37,32 +37,46 @@ const UNCAPPED_FROM: u64 = 0xffff_fffe;
 
 /// The number of established subflows of the MPTCP connection on `sock` (the first one
 /// included), or `None` when the connection runs as plain TCP: a TCP socket, or an MPTCP
-/// socket that fell back (the kernel then refuses `MPTCP_INFO`). The path manager's own count
-/// (`MPTCP_INFO`) also counts subflows still being opened, and with the userspace manager ones
-/// the peer then refused; it is the answer only where the subflows cannot be read.
+/// socket that fell back (the kernel then refuses `MPTCP_INFO`).
 pub fn subflows(sock: &impl AsFd) -> Option<u16> {
-    // The head of struct mptcp_info: its first byte counts the subflows beyond the first.
-    let counted = mptcp_info(sock).map(|info| 1 + info[0] as u16)?;
-    let established = subflow_array::<libc::tcp_info>(sock, MPTCP_TCPINFO)
-        .map(|infos| {
-            infos
-                .iter()
-                .filter(|t| t.tcpi_state == TCP_ESTABLISHED)
-                .count() as u16
-        })
-        .unwrap_or(counted);
-    Some(established)
+    subflow_counts(sock).map(|c| c.established)
 }
 
-/// How many subflows of the MPTCP connection on `sock` are still being opened (their SYN or
-/// SYN-ACK not answered yet): 0 for TCP.
-pub fn opening_subflows(sock: &impl AsFd) -> u16 {
-    subflow_array::<libc::tcp_info>(sock, MPTCP_TCPINFO).map_or(0, |infos| {
-        infos
-            .iter()
-            .filter(|t| matches!(t.tcpi_state, TCP_SYN_SENT | TCP_SYN_RECV))
-            .count() as u16
-    })
+/// An MPTCP connection's subflows, established and still being opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SubflowCounts {
+    /// Established, the first one included.
+    pub established: u16,
+    /// Still being opened: their SYN or SYN-ACK not answered yet.
+    pub opening: u16,
+}
+
+/// The subflows of the MPTCP connection on `sock`, or `None` when it runs as plain TCP (as
+/// for [`subflows`]). The path manager's own count (`MPTCP_INFO`) also counts subflows still
+/// being opened, and with the userspace manager ones the peer then refused; it is the answer
+/// (all established) only where the subflows cannot be read.
+pub fn subflow_counts(sock: &impl AsFd) -> Option<SubflowCounts> {
+    // The head of struct mptcp_info: its first byte counts the subflows beyond the first.
+    let counted = mptcp_info(sock).map(|info| 1 + info[0] as u16)?;
+    let counts = subflow_array::<libc::tcp_info>(sock, MPTCP_TCPINFO).map_or(
+        SubflowCounts {
+            established: counted,
+            opening: 0,
+        },
+        |infos| {
+            let in_state = |states: &[u8]| {
+                infos
+                    .iter()
+                    .filter(|t| states.contains(&t.tcpi_state))
+                    .count()
+            };
+            SubflowCounts {
+                established: in_state(&[TCP_ESTABLISHED]) as u16,
+                opening: in_state(&[TCP_SYN_SENT, TCP_SYN_RECV]) as u16,
+            }
+        },
+    );
+    Some(counts)
 }
 
 /// The token of the MPTCP connection on `sock` (what the kernel and the peer name it by),
