@@ -248,3 +248,62 @@ async fn concurrent_large_trees_share_the_servers_descriptors() {
         assert_eq!(snapshot(&src), snapshot(&root.join(format!("t{i}"))));
     }
 }
+
+/// A pull into a FIFO, whose bytes must go in file order, from a server whose first channel
+/// is slow (it waits 500 ms before each block): the other seven channels' blocks arrive
+/// ahead of their turn. The client holds at most its limit of them (64 MiB here) and the
+/// channels that deliver them wait, so its memory stays small; it once held every block
+/// that came early, most of the file.
+#[test]
+fn a_pull_into_a_fifo_holds_a_bounded_number_of_blocks_ahead_of_their_turn() {
+    const SIZE: u64 = 384 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    random_file(&root.join("big.bin"), SIZE, 17);
+    let (_server, port) =
+        limited_server_with(&root, 1024, &["--debug-slow-first-channel", "500ms"]);
+    let fifo = dir.path().join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let out = dir.path().join("out.bin");
+    let reader = {
+        let (fifo, out) = (fifo.clone(), out.clone());
+        std::thread::spawn(move || {
+            let mut from = std::fs::File::open(fifo).unwrap();
+            std::io::copy(&mut from, &mut std::fs::File::create(out).unwrap()).unwrap()
+        })
+    };
+    let mut client = limited_to(1024)
+        .args(["copy", "--no-auth", "-n", "8", "--tune", "off"])
+        .args(["--port", &port.to_string(), "127.0.0.1:big.bin"])
+        .arg(&fifo)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The client's peak resident memory, read until it exits.
+    let mut peak_kib = 0u64;
+    let status = loop {
+        if let Some(status) = client.try_wait().unwrap() {
+            break status;
+        }
+        if let Ok(s) = std::fs::read_to_string(format!("/proc/{}/status", client.id())) {
+            if let Some(kib) = s
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            {
+                peak_kib = peak_kib.max(kib);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let stderr = std::io::read_to_string(client.stderr.take().unwrap()).unwrap();
+    assert!(status.success(), "{stderr}");
+    assert_eq!(reader.join().unwrap(), SIZE);
+    assert_eq!(sha256(&out), sha256(&root.join("big.bin")));
+    eprintln!("client peak RSS: {} MiB", peak_kib >> 10);
+    // 64 MiB held at most, a block more before the channels notice, a block being received
+    // on each of the 8 channels (32 MiB), and the process itself.
+    assert!(peak_kib >> 10 <= 160, "{} MiB", peak_kib >> 10);
+}

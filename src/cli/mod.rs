@@ -164,6 +164,9 @@ struct FaultArgs {
     /// A receiving server takes this much longer over every block it writes.
     #[arg(long, hide = true, value_name = "DURATION", value_parser = units::parse_duration)]
     debug_slow_block_writes: Option<std::time::Duration>,
+    /// A sending server's first data channel waits this long before each block it sends.
+    #[arg(long, hide = true, value_name = "DURATION", value_parser = units::parse_duration)]
+    debug_slow_first_channel: Option<std::time::Duration>,
 }
 
 #[cfg(feature = "testing")]
@@ -174,6 +177,7 @@ impl FaultArgs {
             corrupt_past_check: self.debug_corrupt_past_check,
             crash_at: self.debug_crash_at,
             slow_block_writes: self.debug_slow_block_writes,
+            slow_first_channel: self.debug_slow_first_channel,
             ..Default::default()
         }
     }

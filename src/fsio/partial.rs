@@ -740,6 +740,7 @@ pub struct StreamSink {
     seekable: bool,
     next: u64,
     held: BTreeMap<u64, Vec<u8>>,
+    held_bytes: u64,
 }
 
 impl StreamSink {
@@ -752,6 +753,7 @@ impl StreamSink {
             seekable,
             next: 0,
             held: BTreeMap::new(),
+            held_bytes: 0,
         })
     }
 
@@ -761,16 +763,31 @@ impl StreamSink {
             return self.file.write_all_at(data, offset);
         }
         if offset != self.next {
-            self.held.insert(offset, data.to_vec());
+            if let Some(old) = self.held.insert(offset, data.to_vec()) {
+                self.held_bytes -= old.len() as u64;
+            }
+            self.held_bytes += data.len() as u64;
             return Ok(());
         }
         self.file.write_all(data)?;
         self.next += data.len() as u64;
         while let Some(data) = self.held.remove(&self.next) {
+            self.held_bytes -= data.len() as u64;
             self.file.write_all(&data)?;
             self.next += data.len() as u64;
         }
         Ok(())
+    }
+
+    /// The offset of the first byte not written yet (for a seekable target, always 0: it
+    /// takes blocks in any order).
+    pub fn next_offset(&self) -> u64 {
+        self.next
+    }
+
+    /// Bytes of the blocks held until their turn.
+    pub fn held_bytes(&self) -> u64 {
+        self.held_bytes
     }
 }
 
@@ -980,8 +997,18 @@ mod tests {
         for p in [&file, &fifo] {
             let mut s = StreamSink::open(p).unwrap();
             assert_eq!(s.seekable, p == &file);
+            let fifo = p == &fifo;
             s.write_block(3, b"def").unwrap();
+            // A FIFO holds what came ahead of its turn, and says how much.
+            assert_eq!(
+                (s.next_offset(), s.held_bytes()),
+                if fifo { (0, 3) } else { (0, 0) }
+            );
             s.write_block(0, b"abc").unwrap();
+            assert_eq!(
+                (s.next_offset(), s.held_bytes()),
+                if fifo { (6, 0) } else { (0, 0) }
+            );
             s.write_block(6, b"g").unwrap();
         }
         assert_eq!(fs::read(&file).unwrap(), b"abcdefg");

@@ -25,6 +25,7 @@ pub mod server;
 pub mod settle;
 pub mod source;
 pub mod ssh;
+pub mod stream_order;
 mod subflow_rows;
 pub mod telemetry;
 pub mod token;

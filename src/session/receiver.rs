@@ -18,6 +18,7 @@ use super::engine::{channel_ended, conclude, stopped, StopWatch};
 use super::fswork::FileWork;
 use super::growth::{admit_channels, recv_or_pending, Arrivals, Growth};
 use super::report::{LiveStats, SideOutcome};
+use super::stream_order::{hold_limit, OrderedSink};
 use super::wire::{read_header, read_payload, ControlReader, ControlWriter};
 use crate::channels::control::{FilePlan, Message, PlanAction};
 use crate::channels::frame::{BlockHeader, DigestKey};
@@ -47,7 +48,7 @@ pub enum Sink {
 
 enum Target {
     Partial(Box<PartialFile>),
-    Stream(Mutex<StreamSink>),
+    Stream(OrderedSink),
     Discard,
 }
 
@@ -171,6 +172,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
             key: self.digest_key,
             slow_writes: self.slow_block_writes,
             memory: self.block_memory.clone(),
+            block_size: self.block_size,
         }
     }
 
@@ -455,7 +457,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                         Sink::Files(Destination {
                             layout: Layout::Stream(p),
                             ..
-                        }) => Target::Stream(Mutex::new(
+                        }) => Target::Stream(OrderedSink::new(
                             StreamSink::open(p)
                                 .map_err(Error::io(format!("opening {}", p.display())))?,
                         )),
@@ -665,12 +667,21 @@ struct ChannelReceiver {
     key: DigestKey,
     slow_writes: Option<Duration>,
     memory: BlockMemory,
+    block_size: u32,
 }
 
 impl ChannelReceiver {
     async fn run(mut self) -> Result<()> {
         while let Some(h) = read_header(&mut self.stream).await? {
             let (block, target) = self.placed(&h).await?;
+            let stream = target.as_deref().and_then(|t| match t {
+                Target::Stream(s) => Some(s),
+                _ => None,
+            });
+            if let Some(s) = stream {
+                let limit = hold_limit(self.block_size, self.live.channel_count());
+                s.turn(h.offset, limit).await;
+            }
             let mut buf = self.memory.take(h.len).await;
             let (live, index) = (&self.live, self.index);
             let got = read_payload(&mut self.stream, h.len, &mut buf, &self.key, |n| {
@@ -682,6 +693,9 @@ impl ChannelReceiver {
             let verdict = if !lock(&self.shared).tracker.wants(h.file, block) {
                 Verdict::Pending
             } else if !got.intact {
+                if let Some(s) = stream {
+                    s.asked_again(h.offset);
+                }
                 Verdict::Resend(vec![block])
             } else {
                 if let Some(t) = target.filter(|t| !matches!(**t, Target::Discard)) {
@@ -756,8 +770,6 @@ async fn write_target(
                     .map_err(Error::io(ctx()))
             }
             Target::Stream(s) => s
-                .lock()
-                .expect("stream sink lock")
                 .write_block(offset, &payload)
                 .map_err(Error::io("writing to the output stream")),
             Target::Discard => Ok(()),

@@ -105,6 +105,11 @@ impl LiveStats {
         }
     }
 
+    /// Channels counted so far (those opened during the transfer included).
+    pub fn channel_count(&self) -> usize {
+        self.channels.read().expect("live counters lock").len()
+    }
+
     /// Payload bytes per channel so far.
     pub fn channel_bytes(&self) -> Vec<u64> {
         self.channels

@@ -403,6 +403,9 @@ impl ChannelSender {
             let Ok(job) = self.jobs.recv().await else {
                 break;
             };
+            if let (0, Some(d)) = (self.index, self.faults.slow_first_channel) {
+                tokio::time::sleep(d).await;
+            }
             if !started {
                 started = true;
                 self.live
