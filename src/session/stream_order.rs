@@ -77,15 +77,16 @@ impl OrderedSink {
     pub fn write_block(&self, offset: u64, data: &[u8]) -> io::Result<()> {
         let mut sink = self.sink.lock().expect("stream sink lock");
         let written = sink.write_block(offset, data);
-        let (next, held) = (sink.next_offset(), sink.held_bytes());
-        drop(sink);
         {
+            // Copied under the sink's lock: a write that finished later must not be
+            // overwritten by this one's older reading.
             let mut o = self.order.lock().expect("stream order lock");
-            (o.next, o.held) = (next, held);
+            (o.next, o.held) = (sink.next_offset(), sink.held_bytes());
             if written.is_ok() {
                 o.asked_again.remove(&offset);
             }
         }
+        drop(sink);
         self.moved.notify_waiters();
         written
     }
