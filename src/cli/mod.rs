@@ -164,7 +164,7 @@ struct FaultArgs {
     /// A receiving server takes this much longer over every block it writes.
     #[arg(long, hide = true, value_name = "DURATION", value_parser = units::parse_duration)]
     debug_slow_block_writes: Option<std::time::Duration>,
-    /// A sending server's first data channel waits this long before each block it sends.
+    /// The sending side's first data channel waits this long before each block it sends.
     #[arg(long, hide = true, value_name = "DURATION", value_parser = units::parse_duration)]
     debug_slow_first_channel: Option<std::time::Duration>,
 }

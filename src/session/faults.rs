@@ -20,7 +20,7 @@ pub struct FaultInjection {
     /// A receiving server takes this much longer to close each part file a session leaves
     /// unfinished (as the data sync of a slow disk does).
     pub slow_part_closes: Option<std::time::Duration>,
-    /// A sending server's first data channel waits this long before each block it sends:
-    /// its blocks arrive behind the other channels' ones.
+    /// The sending side's first data channel (a server's for a pull, a client's for a push)
+    /// waits this long before each block it sends: its blocks arrive behind the others'.
     pub slow_first_channel: Option<std::time::Duration>,
 }

@@ -255,6 +255,8 @@ pub async fn read_payload<R: AsyncRead + Unpin>(
 /// the block's buffer, taken from the server's block memory that other sessions wait for,
 /// for good. As long as a sender waits for an ACK ([`crate::transport::tcp::USER_TIMEOUT`]).
 pub const BLOCK_STALL: Duration = crate::transport::tcp::USER_TIMEOUT;
+// The timeout's message below says "2 minutes".
+const _: () = assert!(BLOCK_STALL.as_secs() == 120);
 
 /// One read of a block's payload, ended after [`BLOCK_STALL`].
 async fn within_stall<T>(read: impl std::future::Future<Output = io::Result<T>>) -> Result<T> {
