@@ -333,9 +333,10 @@ pub struct OnlineTuner {
     pace_gain: f64,
     last_creep: f64,
     /// The most `pace_gain` may creep up to with this estimate: one step under a gain whose
-    /// caps lost at the caps.
+    /// caps lost at the caps (one step under the last ceiling, for a loss that follows one at
+    /// a higher gain within [`SETTLE_S`]).
     gain_ceiling: f64,
-    /// When the caps last lost after creeping up, and at what gain.
+    /// When the caps last lost after creeping up, and at what gain, with this estimate.
     creep_loss: Option<(f64, f64)>,
     /// When a probe last paid, and what it took, bytes/s.
     paid: Option<(f64, f64)>,
@@ -889,7 +890,7 @@ impl OnlineTuner {
     fn lower_estimate(&mut self, rate: f64, t: f64) {
         self.rate = Some(rate);
         self.last_cut = t;
-        self.gain_ceiling = PACE_GAIN_MAX;
+        self.lift_ceiling();
         let after_cut = t + PROBE_AFTER_CUT_S;
         self.next_probe = Some(self.next_probe.map_or(after_cut, |n| n.min(after_cut)));
         self.reshare_soon();
@@ -980,7 +981,7 @@ impl OnlineTuner {
                 if during > rate {
                     self.rate = Some(during);
                     self.report.measured_bps = Some((during * 8.0) as u64);
-                    self.gain_ceiling = PACE_GAIN_MAX;
+                    self.lift_ceiling();
                 }
                 self.next_probe = Some(t + 4.0 * round);
                 if during >= p.before * (1.0 + 0.75 * (p.gain - 1.0)) {
@@ -1116,6 +1117,13 @@ impl OnlineTuner {
                 );
             }
         }
+    }
+
+    /// A new estimate: the caps may creep up to all of it again, and losses at caps crept up
+    /// over the old one say nothing about it.
+    fn lift_ceiling(&mut self) {
+        self.gain_ceiling = PACE_GAIN_MAX;
+        self.creep_loss = None;
     }
 
     /// Has the caps re-shared at the next tick, after the total changed.
