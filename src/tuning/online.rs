@@ -1952,16 +1952,17 @@ mod tests {
         // on to 99 % (one step under the 99.5 % the first loss left), not to one step under
         // the gain they had when it came.
         let link = 100e6;
+        let queue = tiny_queue(link);
         let first = std::cell::Cell::new(None::<f64>);
         let path = |t: f64, offered: f64| {
-            let over = offered > 1.001 * link && (t * 100.0).round() as u64 % 5 == 0;
+            let (carried, over) = queue(t, offered);
             if over && first.get().is_none() {
                 first.set(Some(t));
             }
             let again = first
                 .get()
                 .is_some_and(|at| ((t - at - 0.6) * 100.0).round() == 0.0);
-            (offered.min(link), over || again)
+            (carried, over || again)
         };
         let tuner = drive(config(4, 4, Some(1.002 * link)), path, 20);
         let rep = tuner.report();
