@@ -433,3 +433,144 @@ fn the_online_tuner_retires_added_channels_that_did_not_pay() {
         );
     }
 }
+
+/// Unregisters a bundled congestion control this test registered, when it drops.
+struct Unregister(Option<&'static str>);
+
+impl Drop for Unregister {
+    fn drop(&mut self) {
+        if let Some(cc) = self.0 {
+            let _ = std::process::Command::new(program())
+                .args(["cc", "unload", cc])
+                .status();
+        }
+    }
+}
+
+/// The host's `tcp_allowed_congestion_control`, with one more for the test's time.
+struct Allowed(String);
+
+const ALLOWED: &str = "/proc/sys/net/ipv4/tcp_allowed_congestion_control";
+
+impl Allowed {
+    fn with(cc: &str) -> Allowed {
+        let was = std::fs::read_to_string(ALLOWED).unwrap().trim().to_string();
+        std::fs::write(ALLOWED, format!("{was} {cc}")).unwrap();
+        Allowed(was)
+    }
+}
+
+impl Drop for Allowed {
+    fn drop(&mut self) {
+        let _ = std::fs::write(ALLOWED, &self.0);
+    }
+}
+
+#[test]
+fn a_first_copy_of_policy_fast_runs_bic_under_its_caps_where_bic_is_registered() {
+    if !root_or_skip("bic under the caps") {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // Registered as an administrator would (`sudo hsxfer cc load bic --pin`), and
+    // unregistered at the end unless it already was, so the other tests' copies run the
+    // host's own choice.
+    let registered = || {
+        std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
+            .unwrap()
+            .split_whitespace()
+            .any(|c| c == "bic")
+    };
+    let _unregister = Unregister((!registered()).then_some("bic"));
+    let out = std::process::Command::new(program())
+        .args(["cc", "load", "bic", "--pin"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let spec = LabSpec {
+        name: name("b"),
+        rate_bps: 100_000_000,
+        rtts: vec![Duration::from_millis(20)],
+        queue: QueueSize::Packets(16),
+        ..LabSpec::default()
+    };
+    let _cleanup = Cleanup(spec.name.clone());
+    let lab = Lab::up(&spec, program()).unwrap();
+    // The sender's default congestion control cubic, as on most hosts (it is per network
+    // namespace): `--policy fast` then runs cubic where no caps hold the channels. Outside
+    // the first namespace a default must be one the host allows everyone.
+    let _allowed = Allowed::with("cubic");
+    let set = lab
+        .command(Host::Sender(1), "sysctl")
+        .args(["-qw", "net.ipv4.tcp_congestion_control=cubic"])
+        .status()
+        .unwrap();
+    assert!(set.success());
+    let server = lab.addr(Host::Receiver).to_string();
+    let token = token(&lab);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("data");
+    random_file(&file, 40 << 20, 11);
+    // A meter that ends without a rate (a busy host's stall) leaves no caps, and the channels
+    // on the host's choice: judged too, but the copy runs again (at most twice more) until one
+    // ran under caps.
+    let mut copies = Vec::new();
+    loop {
+        let dest = format!("{server}:data{}", copies.len());
+        let summary = last_json(&on_sender(
+            &lab,
+            &[
+                "copy",
+                "--json",
+                "--policy",
+                "fast",
+                "--token-file",
+                &token,
+                file.to_str().unwrap(),
+                &dest,
+            ],
+        ));
+        assert!(summary["verified"].as_bool().unwrap(), "{summary}");
+        let online = summary["tuning"]["online"].clone();
+        let ccs: Vec<String> = summary["channels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["cc"].as_str().unwrap_or("").to_string())
+            .collect();
+        // Caps from the meter's rate, and whether random loss removed them since.
+        let metered = online["rate_bps"].as_u64().is_some() || online["lossy"] == true;
+        let capped = metered && online["lossy"] == false;
+        let expected = if capped { "bic" } else { "cubic" };
+        eprintln!(
+            "copy {}: channels {ccs:?}, under caps: {capped}",
+            copies.len() + 1
+        );
+        assert!(
+            ccs.iter().all(|c| c == expected),
+            "channels ran {ccs:?}, expected {expected} (caps: {capped}): {online}"
+        );
+        assert_eq!(
+            decisions_saying(
+                &online,
+                "running bic under the caps (cubic once they are removed)"
+            ),
+            metered as usize,
+            "{online}"
+        );
+        assert_eq!(
+            decisions_saying(&online, "bic only ran under the caps: back to cubic"),
+            (metered && !capped) as usize,
+            "{online}"
+        );
+        copies.push(capped);
+        if capped || copies.len() == 3 {
+            break;
+        }
+    }
+    assert!(
+        copies.last() == Some(&true),
+        "no copy ran under caps in {} tries",
+        copies.len()
+    );
+}

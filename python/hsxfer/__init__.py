@@ -128,8 +128,9 @@ def copy(
     ``token_file`` is the server's shared secret (``hsxfer token new``); without it the server
     must run ``--no-auth`` on loopback. ``cc`` names congestion controls, cycled over the
     channels; ``rate`` is the path's bottleneck in bits/s if known; ``pace`` caps each
-    channel, bits/s; ``policy`` is ``"fair"`` or ``"fast"`` (may choose BBR). ``mptcp`` moves
-    the data over one Multipath TCP connection with ``channels`` subflows (paced as root,
+    channel, bits/s; ``policy`` is ``"fair"`` or ``"fast"`` (may choose BBR, and runs BIC
+    under the pacing caps where it is registered). ``mptcp`` moves the data over one
+    Multipath TCP connection with ``channels`` subflows (paced as root,
     ``pace`` per subflow or from ``rate``); it falls back to TCP, with a warning, unless the
     server listens with MPTCP. The report's ``transport`` and ``subflows`` say what ran, and
     its ``channels`` rows are the subflows. ``mptcp_paths`` is ``"auto"`` (as root, also open

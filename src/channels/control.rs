@@ -273,7 +273,8 @@ pub enum Policy {
     #[default]
     Fair,
     /// May choose BBR where it is faster (a path with random loss); BBR takes far more than
-    /// its share from loss-based traffic.
+    /// its share from loss-based traffic. Runs the bundled BIC under the online tuner's
+    /// pacing caps where it is registered, which takes more than cubic beside other traffic.
     Fast,
 }
 

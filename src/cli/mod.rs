@@ -285,7 +285,8 @@ struct TransferArgs {
     #[arg(long, value_name = "auto|probe|off", default_value = "auto", value_parser = <hsxfer::session::settle::Source as std::str::FromStr>::from_str)]
     tune: hsxfer::session::settle::Source,
     /// Which congestion controls tuning may choose: fair (loss-based ones only, so the
-    /// transfer stays near its fair share against other TCP traffic) or fast (may choose BBR).
+    /// transfer stays near its fair share against other TCP traffic) or fast (may choose BBR,
+    /// and runs the bundled BIC under the pacing caps where it is registered).
     #[arg(long, value_name = "fair|fast", default_value = "fair", value_parser = parse_policy)]
     policy: Policy,
     /// Reporting interval of the live display and of --json channel events.

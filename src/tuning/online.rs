@@ -226,6 +226,10 @@ pub struct TunerConfig {
     pub meter_cc: Option<String>,
     /// Congestion control of the transfer (what the meter switches to afterwards).
     pub steady_cc: Option<String>,
+    /// Congestion control of the channels while the tuner's pacing caps hold them, when it
+    /// differs from `steady_cc`; the channels go back to `steady_cc` once the caps are
+    /// removed (random loss) or if the meter finds no rate to cap at.
+    pub capped_cc: Option<String>,
     /// Which congestion controls the tuner may switch to.
     pub policy: Policy,
     /// Whether BBR is usable on this host (for [`Policy::Fast`] on a lossy path).
@@ -426,10 +430,44 @@ impl OnlineTuner {
     /// (`None`: TCP's own pacing, no cap).
     pub fn initial(&self, i: usize) -> (Option<String>, Option<u64>) {
         let cc = match (self.phase, i) {
-            (Phase::Meter, 0) => self.cfg.meter_cc.clone().or(self.cfg.steady_cc.clone()),
-            _ => self.cfg.steady_cc.clone(),
+            (Phase::Meter, 0) => self.cfg.meter_cc.clone().or(self.cc_now()),
+            _ => self.cc_now(),
         };
         (cc, self.cap())
+    }
+
+    /// The congestion control the channels run now: `capped_cc` while caps hold them (or
+    /// will, once the meter ends), `steady_cc` otherwise.
+    fn cc_now(&self) -> Option<String> {
+        let capped = self.cfg.pace && (self.phase == Phase::Meter || self.rate.is_some());
+        match &self.cfg.capped_cc {
+            Some(cc) if capped => Some(cc.clone()),
+            _ => self.cfg.steady_cc.clone(),
+        }
+    }
+
+    /// Says which congestion control runs under the caps, when it is `capped_cc`.
+    fn capped_cc_note(&self) -> String {
+        match (&self.cfg.capped_cc, &self.cfg.steady_cc) {
+            (Some(capped), Some(steady)) if self.cfg.pace => format!(
+                ", running {capped} under the caps ({steady} once they are removed): a window a loss cut comes back to its cap in about a second"
+            ),
+            _ => String::new(),
+        }
+    }
+
+    /// Channels from `from` on back to `steady_cc`, when they ran `capped_cc` and the caps
+    /// are gone.
+    fn uncapped_cc(&self, from: usize) -> Vec<Action> {
+        match (&self.cfg.capped_cc, &self.cfg.steady_cc) {
+            (Some(_), Some(steady)) => (from..self.channels as usize)
+                .map(|channel| Action::SetCc {
+                    channel,
+                    name: steady.clone(),
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
     }
 
     /// Whether the tuner paces the channels (otherwise the user's `--pace` does).
@@ -467,6 +505,12 @@ impl OnlineTuner {
         if self.started.is_none() && self.cfg.probe_known_rate && self.rate.is_some() {
             // A saved rate may be stale or low, and a copy held at it would save it again.
             self.next_probe = Some(t + SAVED_RATE_PROBE_S);
+        }
+        if self.started.is_none() && self.phase == Phase::Cruise && self.rate.is_some() {
+            let note = self.capped_cc_note();
+            if !note.is_empty() {
+                self.decide(0.0, format!("paced from the start{note}"));
+            }
         }
         let started = *self.started.get_or_insert(t);
         match self.phase {
@@ -571,10 +615,11 @@ impl OnlineTuner {
                 self.probe_gain_max = PROBE_GAIN;
                 self.report.rate_bps = Some((reached * 8.0) as u64);
                 format!(
-                    "the meter filled the path: bottleneck {:.1} Mbit/s; pacing {} channels at {:.1} Mbit/s each",
+                    "the meter filled the path: bottleneck {:.1} Mbit/s; pacing {} channels at {:.1} Mbit/s each{}",
                     reached * 8e-6,
                     self.channels,
-                    self.cap().unwrap_or(0) as f64 * 8e-6
+                    self.cap().unwrap_or(0) as f64 * 8e-6,
+                    self.capped_cc_note()
                 )
             }
             (MeterEnd::Full, None) => format!(
@@ -593,10 +638,11 @@ impl OnlineTuner {
                 self.report.rate_bps = Some((reached * 8.0) as u64);
                 self.next_probe = Some(t + FIRST_PROBE_ROUNDS * round);
                 format!(
-                    "the meter's rate stopped growing at {:.1} Mbit/s without filling the path (a limit of one channel's host): pacing {} channels at {:.1} Mbit/s each, probing above",
+                    "the meter's rate stopped growing at {:.1} Mbit/s without filling the path (a limit of one channel's host): pacing {} channels at {:.1} Mbit/s each, probing above{}",
                     reached * 8e-6,
                     self.channels,
-                    self.cap().unwrap_or(0) as f64 * 8e-6
+                    self.cap().unwrap_or(0) as f64 * 8e-6,
+                    self.capped_cc_note()
                 )
             }
             (MeterEnd::Plateau, _) => format!(
@@ -611,13 +657,17 @@ impl OnlineTuner {
         if self.cfg.pace {
             actions.extend(self.pace_all());
         }
-        if let (Some(m), Some(s)) = (&self.cfg.meter_cc, &self.cfg.steady_cc) {
-            if m != s {
+        if let (Some(m), Some(s)) = (&self.cfg.meter_cc, self.cc_now()) {
+            if *m != s {
                 actions.push(Action::SetCc {
                     channel: 0,
-                    name: s.clone(),
+                    name: s,
                 });
             }
+        }
+        if self.rate.is_none() {
+            // The others opened with the caps' congestion control: no caps now.
+            actions.extend(self.uncapped_cc(1));
         }
         actions.push(Action::Release);
         self.decide(t - started, why);
@@ -737,6 +787,12 @@ impl OnlineTuner {
                         name: "bbr".into(),
                     });
                 }
+            } else if let (Some(capped), Some(steady)) = (&self.cfg.capped_cc, &self.cfg.steady_cc)
+            {
+                why.push_str(&format!(
+                    "; {capped} only ran under the caps: back to {steady}"
+                ));
+                actions.extend(self.uncapped_cc(0));
             }
             self.decide(since_start, why);
         }
@@ -1291,6 +1347,7 @@ mod tests {
             meter: true,
             meter_cc: Some("reno".into()),
             steady_cc: Some("cubic".into()),
+            capped_cc: None,
             policy: Policy::Fair,
             bbr_usable: false,
         }
@@ -1337,6 +1394,8 @@ mod tests {
         channels: Vec<usize>,
         /// The largest gain of a probe.
         probe_gain_max: f64,
+        /// Each channel's congestion control at the end: as it opened, then as switched.
+        ccs: Vec<Option<String>>,
     }
 
     impl Run {
@@ -1395,6 +1454,9 @@ mod tests {
             })
             .collect();
         sim.apply(&caps);
+        let mut ccs: Vec<Option<String>> = (0..cfg.channels as usize)
+            .map(|channel| tuner.initial(channel).0)
+            .collect();
         let mut est = PathEstimator::new();
         let (mut per_second, mut channels) = (Vec::new(), Vec::new());
         let (mut acc, mut probe_gain_max) = (0.0, 0.0f64);
@@ -1408,6 +1470,17 @@ mod tests {
             let t = est.observe(setup + sim.t, &sim.readings());
             let actions = tuner.on_tick(&est, &t);
             sim.apply(&actions);
+            for a in &actions {
+                match a {
+                    Action::SetCc { channel, name } => ccs[*channel] = Some(name.clone()),
+                    Action::AddChannels(added) => {
+                        for _ in 0..*added {
+                            ccs.push(tuner.initial(ccs.len()).0);
+                        }
+                    }
+                    _ => {}
+                }
+            }
             hook(&mut tuner);
             if let Some(p) = tuner.probe {
                 probe_gain_max = probe_gain_max.max(p.gain);
@@ -1423,6 +1496,7 @@ mod tests {
             per_second,
             channels,
             probe_gain_max,
+            ccs,
         }
     }
 
@@ -1582,6 +1656,61 @@ mod tests {
         assert!(r.channel_changes() <= 7, "{:?}", r.channels);
         assert!(r.tuner.report().lossy);
         assert!(r.mean(50, 60) >= r.mean(5, 10), "{:?}", r.per_second);
+    }
+
+    /// [`config`], with BIC under the caps.
+    fn config_capped_bic(channels: u16, max: u16, known: Option<f64>) -> TunerConfig {
+        TunerConfig {
+            capped_cc: Some("bic".into()),
+            ..config(channels, max, known)
+        }
+    }
+
+    fn ccs(names: &[&str]) -> Vec<Option<String>> {
+        names.iter().map(|n| Some(n.to_string())).collect()
+    }
+
+    #[test]
+    fn channels_under_caps_run_the_capped_cc_the_meter_included() {
+        let path = path_60ms(64.0 * 1514.0, 0.0);
+        let cfg = config_capped_bic(4, 4, None);
+        let tuner = OnlineTuner::new(cfg.clone());
+        assert_eq!(tuner.initial(0).0.as_deref(), Some("reno"));
+        assert_eq!(tuner.initial(1).0.as_deref(), Some("bic"));
+        let r = run(path, cfg, 10);
+        assert_eq!(r.tuner.report().meter, Some(MeterEnd::Full));
+        assert_eq!(r.ccs, ccs(&["bic"; 4]));
+        assert!(said(
+            r.tuner.report(),
+            "running bic under the caps (cubic once"
+        ));
+        let known = OnlineTuner::new(config_capped_bic(4, 4, Some(GBIT)));
+        assert_eq!(known.initial(0).0.as_deref(), Some("bic"));
+    }
+
+    #[test]
+    fn channels_go_back_to_the_steady_cc_once_random_loss_removes_the_caps() {
+        let path = path_60ms(GBIT * 0.06, 1e-4);
+        let r = run(path, config_capped_bic(4, 32, None), 60);
+        assert!(r.tuner.report().lossy);
+        assert!(r.ccs.len() > 4, "{:?}", r.channels);
+        assert_eq!(r.ccs, ccs(&vec!["cubic"; r.ccs.len()]));
+        assert!(said(
+            r.tuner.report(),
+            "bic only ran under the caps: back to cubic"
+        ));
+    }
+
+    #[test]
+    fn a_meter_that_finds_no_rate_leaves_every_channel_on_the_steady_cc() {
+        // Windows of 1 MB on 1 Gbit/s × 120 ms: the meter's window holds it, no caps.
+        let r = run(
+            path_120ms(1e6, f64::INFINITY),
+            config_capped_bic(4, 4, None),
+            10,
+        );
+        assert_eq!(r.tuner.report().meter, Some(MeterEnd::WindowLimited));
+        assert_eq!(r.ccs, ccs(&["cubic"; 4]));
     }
 
     #[test]
