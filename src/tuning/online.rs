@@ -227,8 +227,9 @@ pub struct TunerConfig {
     /// Congestion control of the transfer (what the meter switches to afterwards).
     pub steady_cc: Option<String>,
     /// Congestion control of the channels while the tuner's pacing caps hold them, when it
-    /// differs from `steady_cc`; the channels go back to `steady_cc` once the caps are
-    /// removed (random loss) or if the meter finds no rate to cap at.
+    /// differs from `steady_cc`; the channels go back to `steady_cc` if the meter finds no
+    /// rate to cap at, or once random loss removes the caps (unless [`Policy::Fast`]
+    /// switches them to BBR then).
     pub capped_cc: Option<String>,
     /// Which congestion controls the tuner may switch to.
     pub policy: Policy,
