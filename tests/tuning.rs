@@ -556,10 +556,7 @@ fn a_first_copy_of_policy_fast_runs_bic_under_its_caps_where_bic_is_registered()
             "channels ran {ccs:?}, expected {expected}: {online}"
         );
         assert_eq!(
-            decisions_saying(
-                &online,
-                "running bic under the caps (cubic once they are removed)"
-            ),
+            decisions_saying(&online, "running bic under the caps in place of cubic"),
             (capped || lossy) as usize,
             "{online}"
         );

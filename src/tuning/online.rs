@@ -447,11 +447,12 @@ impl OnlineTuner {
         }
     }
 
-    /// Says which congestion control runs under the caps, when it is `capped_cc`.
+    /// Says which congestion control runs under the caps, when it is `capped_cc` (what runs
+    /// once the caps go is said then).
     fn capped_cc_note(&self) -> String {
         match (&self.cfg.capped_cc, &self.cfg.steady_cc) {
             (Some(capped), Some(steady)) if self.cfg.pace => format!(
-                ", running {capped} under the caps ({steady} once they are removed): a window a loss cut comes back to its cap in about a second"
+                ", running {capped} under the caps in place of {steady}: a window a loss cut comes back to its cap in about a second"
             ),
             _ => String::new(),
         }
@@ -1683,7 +1684,7 @@ mod tests {
         assert_eq!(r.ccs, ccs(&["bic"; 4]));
         assert!(said(
             r.tuner.report(),
-            "running bic under the caps (cubic once"
+            "running bic under the caps in place of cubic"
         ));
         let known = OnlineTuner::new(config_capped_bic(4, 4, Some(GBIT)));
         assert_eq!(known.initial(0).0.as_deref(), Some("bic"));
