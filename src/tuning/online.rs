@@ -458,18 +458,14 @@ impl OnlineTuner {
         }
     }
 
-    /// Channels from `from` on back to `steady_cc`, when they ran `capped_cc` and the caps
-    /// are gone.
-    fn uncapped_cc(&self, from: usize) -> Vec<Action> {
-        match (&self.cfg.capped_cc, &self.cfg.steady_cc) {
-            (Some(_), Some(steady)) => (from..self.channels as usize)
-                .map(|channel| Action::SetCc {
-                    channel,
-                    name: steady.clone(),
-                })
-                .collect(),
-            _ => Vec::new(),
-        }
+    /// Channels from `from` on to congestion control `name`.
+    fn switch_cc(&self, from: usize, name: &str) -> Vec<Action> {
+        (from..self.channels as usize)
+            .map(|channel| Action::SetCc {
+                channel,
+                name: name.to_string(),
+            })
+            .collect()
     }
 
     /// Whether the tuner paces the channels (otherwise the user's `--pace` does).
@@ -667,9 +663,10 @@ impl OnlineTuner {
                 });
             }
         }
-        if self.rate.is_none() {
+        if let (None, Some(_), Some(steady)) = (self.rate, &self.cfg.capped_cc, &self.cfg.steady_cc)
+        {
             // The others opened with the caps' congestion control: no caps now.
-            actions.extend(self.uncapped_cc(1));
+            actions.extend(self.switch_cc(1, steady));
         }
         actions.push(Action::Release);
         self.decide(t - started, why);
@@ -783,18 +780,13 @@ impl OnlineTuner {
                 why.push_str(
                     "; switching to bbr (`policy` fast), which does not back off on random loss",
                 );
-                for channel in 0..self.channels as usize {
-                    actions.push(Action::SetCc {
-                        channel,
-                        name: "bbr".into(),
-                    });
-                }
+                actions.extend(self.switch_cc(0, "bbr"));
             } else if let (Some(capped), Some(steady)) = (&self.cfg.capped_cc, &self.cfg.steady_cc)
             {
                 why.push_str(&format!(
                     "; {capped} only ran under the caps: back to {steady}"
                 ));
-                actions.extend(self.uncapped_cc(0));
+                actions.extend(self.switch_cc(0, steady));
             }
             self.decide(since_start, why);
         }
