@@ -16,6 +16,7 @@ use common::{late_text, random_file};
 use hsxfer::lab::element::{faithful, Releases};
 use hsxfer::lab::flows::parse_trace;
 use hsxfer::lab::{Host, Lab, LabSpec, QueueSize};
+use hsxfer::transport::cc::CcCatalog;
 use serde_json::Value;
 
 /// One lab at a time: they measure rates on a 2-core machine.
@@ -66,20 +67,26 @@ fn token(lab: &Lab) -> String {
     lab.state.token_file.to_str().unwrap().to_string()
 }
 
-/// A lab of `rate_bps` × 40 ms with `queue`, whose receiver's sockets autotune to at most
-/// 256 KiB, about half of it window (with `--buffer kernel`: an explicit SO_RCVBUF, which
-/// hsxfer sets where it beats autotuning, would be capped by net.core.rmem_max instead,
-/// which is not per network namespace). Removed when the [`Cleanup`] drops.
-fn lab_with_small_windows(tag: &str, rate_bps: u64, queue: QueueSize) -> (Lab, LabSpec, Cleanup) {
+/// A lab of `rate_bps` × `rtt_ms` with `queue`, removed when the [`Cleanup`] drops.
+fn lab(tag: &str, rate_bps: u64, rtt_ms: u64, queue: QueueSize) -> (Lab, LabSpec, Cleanup) {
     let spec = LabSpec {
         name: name(tag),
         rate_bps,
-        rtts: vec![Duration::from_millis(40)],
+        rtts: vec![Duration::from_millis(rtt_ms)],
         queue,
         ..LabSpec::default()
     };
     let cleanup = Cleanup(spec.name.clone());
     let lab = Lab::up(&spec, program()).unwrap();
+    (lab, spec, cleanup)
+}
+
+/// A lab of `rate_bps` × 40 ms with `queue`, whose receiver's sockets autotune to at most
+/// 256 KiB, about half of it window (with `--buffer kernel`: an explicit SO_RCVBUF, which
+/// hsxfer sets where it beats autotuning, would be capped by net.core.rmem_max instead,
+/// which is not per network namespace). Removed when the [`Cleanup`] drops.
+fn lab_with_small_windows(tag: &str, rate_bps: u64, queue: QueueSize) -> (Lab, LabSpec, Cleanup) {
+    let (lab, spec, cleanup) = lab(tag, rate_bps, 40, queue);
     let set = lab
         .command(Host::Receiver, "sysctl")
         .args(["-qw", "net.ipv4.tcp_rmem=4096 131072 262144"])
@@ -116,15 +123,7 @@ fn a_probe_measures_a_tiny_queue_path_and_its_profile_makes_a_plain_copy_fast() 
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let spec = LabSpec {
-        name: name("p"),
-        rate_bps: 200_000_000,
-        rtts: vec![Duration::from_millis(40)],
-        queue: QueueSize::Packets(16),
-        ..LabSpec::default()
-    };
-    let _cleanup = Cleanup(spec.name.clone());
-    let lab = Lab::up(&spec, program()).unwrap();
+    let (lab, spec, _cleanup) = lab("p", 200_000_000, 40, QueueSize::Packets(16));
     let server = lab.addr(Host::Receiver).to_string();
     let token = token(&lab);
     let ceiling = spec.goodput_ceiling_bps();
@@ -454,7 +453,7 @@ const ALLOWED: &str = "/proc/sys/net/ipv4/tcp_allowed_congestion_control";
 
 impl Allowed {
     fn with(cc: &str) -> Allowed {
-        let was = std::fs::read_to_string(ALLOWED).unwrap().trim().to_string();
+        let was = CcCatalog::read().unwrap().allowed.join(" ");
         std::fs::write(ALLOWED, format!("{was} {cc}")).unwrap();
         Allowed(was)
     }
@@ -475,27 +474,18 @@ fn a_first_copy_of_policy_fast_runs_bic_under_its_caps_where_bic_is_registered()
     // Registered as an administrator would (`sudo hsxfer cc load bic --pin`), and
     // unregistered at the end unless it already was, so the other tests' copies run the
     // host's own choice.
-    let registered = || {
-        std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
-            .unwrap()
-            .split_whitespace()
-            .any(|c| c == "bic")
-    };
-    let _unregister = Unregister((!registered()).then_some("bic"));
+    let registered = CcCatalog::read()
+        .unwrap()
+        .available
+        .iter()
+        .any(|c| c == "bic");
+    let _unregister = Unregister((!registered).then_some("bic"));
     let out = std::process::Command::new(program())
         .args(["cc", "load", "bic", "--pin"])
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
-    let spec = LabSpec {
-        name: name("b"),
-        rate_bps: 100_000_000,
-        rtts: vec![Duration::from_millis(20)],
-        queue: QueueSize::Packets(16),
-        ..LabSpec::default()
-    };
-    let _cleanup = Cleanup(spec.name.clone());
-    let lab = Lab::up(&spec, program()).unwrap();
+    let (lab, _, _cleanup) = lab("b", 100_000_000, 20, QueueSize::Packets(16));
     // The sender's default congestion control cubic, as on most hosts (it is per network
     // namespace): `--policy fast` then runs cubic where no caps hold the channels. Outside
     // the first namespace a default must be one the host allows everyone.
