@@ -1,5 +1,7 @@
 //! The client: opens a session on a server and runs the sending or receiving engine,
-//! depending on the operation.
+//! depending on the operation. `options.rs` holds what the client is told, `plan.rs` the
+//! plan it makes from the path's RTT, and `open.rs` how it opens the session and its data
+//! channels.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
