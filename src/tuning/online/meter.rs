@@ -119,24 +119,20 @@ impl OnlineTuner {
         let mut actions = Vec::new();
         let why = match (end, rate) {
             (MeterEnd::Full, Some(reached)) => {
-                self.rate = Some(reached);
-                self.report.measured_bps = Some((reached * 8.0) as u64);
-                self.reported_rate = reached;
                 // One channel may not fill the path by itself (a core's worth of encryption,
                 // a stalled ACK stream): a probe checks the reading once all channels run.
-                self.next_probe = Some(t + FIRST_PROBE_ROUNDS * round);
+                self.cap_at_meter(reached, t, round);
+                self.report.measured_bps = Some((reached * 8.0) as u64);
                 // In steps of [`PROBE_GAIN`] only: on 1 Gbit/s × 60 ms × 64 packets a
                 // meter 3.5 % low was raised to the link by a first probe that paid, and the
                 // second, at twice its gain, offered 6 % over the link, and within 50 ms
                 // channels lost three quarters of their windows (cubic needs seconds to
                 // regrow them: the copies moved 80-88 % of the link).
                 self.probe_gain_max = PROBE_GAIN;
-                self.report.rate_bps = Some((reached * 8.0) as u64);
                 format!(
-                    "the meter filled the path: bottleneck {:.1} Mbit/s; pacing {} channels at {:.1} Mbit/s each{}",
+                    "the meter filled the path: bottleneck {:.1} Mbit/s; {}{}",
                     reached * 8e-6,
-                    self.channels,
-                    self.cap().unwrap_or(0) as f64 * 8e-6,
+                    self.caps_said(),
                     self.capped_cc_note()
                 )
             }
@@ -151,15 +147,11 @@ impl OnlineTuner {
             (MeterEnd::Plateau, _) if est.rtt_or_default() >= LONG_PATH_RTT_S && reached > 0.0 => {
                 // The path carried this without a loss: a floor for the estimate, which
                 // probes raise once all channels run.
-                self.rate = Some(reached);
-                self.reported_rate = reached;
-                self.report.rate_bps = Some((reached * 8.0) as u64);
-                self.next_probe = Some(t + FIRST_PROBE_ROUNDS * round);
+                self.cap_at_meter(reached, t, round);
                 format!(
-                    "the meter's rate stopped growing at {:.1} Mbit/s without filling the path (a limit of one channel's host): pacing {} channels at {:.1} Mbit/s each, probing above{}",
+                    "the meter's rate stopped growing at {:.1} Mbit/s without filling the path (a limit of one channel's host): {}, probing above{}",
                     reached * 8e-6,
-                    self.channels,
-                    self.cap().unwrap_or(0) as f64 * 8e-6,
+                    self.caps_said(),
                     self.capped_cc_note()
                 )
             }
@@ -191,6 +183,24 @@ impl OnlineTuner {
         actions.push(Action::Release);
         self.decide(t - started, why);
         actions
+    }
+
+    /// Caps every channel from the meter's `rate`, with a first probe above it
+    /// [`FIRST_PROBE_ROUNDS`] rounds after `t`.
+    fn cap_at_meter(&mut self, rate: f64, t: f64, round: f64) {
+        self.rate = Some(rate);
+        self.reported_rate = rate;
+        self.report.rate_bps = Some((rate * 8.0) as u64);
+        self.next_probe = Some(t + FIRST_PROBE_ROUNDS * round);
+    }
+
+    /// The caps just set, in words: "pacing 4 channels at 231.9 Mbit/s each".
+    fn caps_said(&self) -> String {
+        format!(
+            "pacing {} channels at {:.1} Mbit/s each",
+            self.channels,
+            self.cap().unwrap_or(0) as f64 * 8e-6
+        )
     }
 
     /// The lowest total cap the meter had between `from` and `to`; `None` unless a cap was
