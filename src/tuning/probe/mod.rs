@@ -20,8 +20,14 @@
 //! The candidates then share the remaining budget by successive halving: each runs once,
 //! the better half runs again, and so on while time is left; the ranking uses each
 //! configuration's mean steady goodput.
+//!
+//! What a trial measured is read from its trace in `measure`; how long the trials run,
+//! and the least budget that fits them, is [`budget`].
 
 use serde::{Deserialize, Serialize};
+
+pub mod budget;
+pub(crate) mod measure;
 
 use super::bdp::WIRE_OVERHEAD;
 use super::online::PACE_GAIN;
