@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting, lints, unit and integration tests (real sockets on
-# loopback; the disk-full test mounts a small tmpfs and needs root, as CI has), the bundled
-# BPF objects against their sources, the fuzz
-# targets' decoders on random input, and a build of the benchmarks.
+# The whole test suite: formatting, lints, the documentation, unit and integration tests
+# (real sockets on loopback; the disk-full test mounts a small tmpfs and needs root, as CI
+# has), the bundled BPF objects against their sources, the fuzz targets' decoders on random
+# input, and a build of the benchmarks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -15,6 +15,11 @@ cargo clippy --release --all-targets --all-features -- -D warnings
 # The library alone, as a pipeline embeds it (no command line, no lab).
 cargo clippy --release --lib -- -D warnings
 cargo clippy --release -p hsxfer-python -- -D warnings
+# The documentation builds without a warning, broken links included: the library's as an
+# embedder reads it, then every item's, private ones too, for the next engineer. The
+# dependencies checked above serve both (about 10 s here).
+RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps
+RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps --all-features --document-private-items
 # Every test binary runs even when an earlier one fails; any failure still fails the script.
 cargo test --release --all-targets --all-features --no-fail-fast
 # The examples in the documentation (--all-targets leaves them out).
