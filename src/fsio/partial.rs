@@ -561,16 +561,30 @@ fn remove_leftovers(dir: &File, place: &Place) {
     let _ = at::remove(dir, &place.sibling(JOURNAL_SUFFIX));
 }
 
+/// How long a part file's lock held elsewhere is waited for before it counts as another
+/// transfer's. A process that forks (to run `ip` or `ssh`, say) holds a copy of every open
+/// descriptor, and so the lock of a transfer that has just ended, until its child execs;
+/// on a busy host that took long enough to refuse the resume that followed (a unit test
+/// failed 3 times in 60 runs beside two busy loops).
+const LOCK_PATIENCE: Duration = Duration::from_millis(200);
+
 /// Takes the part file's lock, or says which transfer holds it.
 fn lock(file: &File, target: &Path) -> io::Result<()> {
-    // SAFETY: flock on a descriptor this function borrows for the call.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc == 0 {
-        return Ok(());
-    }
-    let e = io::Error::last_os_error();
-    if e.kind() != io::ErrorKind::WouldBlock {
-        return Err(e);
+    let start = Instant::now();
+    loop {
+        // SAFETY: flock on a descriptor this function borrows for the call.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::WouldBlock {
+            return Err(e);
+        }
+        if start.elapsed() >= LOCK_PATIENCE {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
     Err(io::Error::new(
         io::ErrorKind::ResourceBusy,
@@ -944,6 +958,31 @@ mod tests {
             panic!()
         };
         assert_eq!(have, vec![(0, digest(b"abcd"))]);
+    }
+
+    /// A transfer that ended leaves its part file to the next at once, even while a process
+    /// forked meanwhile (to run `ip`, `ssh` and the like) still holds a copy of its
+    /// descriptor, and with it the lock, until the child execs or exits.
+    #[test]
+    fn a_lock_a_forked_child_still_holds_for_a_moment_is_waited_for() {
+        let t = tempfile::tempdir().unwrap();
+        let target = t.path().join("f");
+        let first = prepare(&Scope::Local, &target, meta(10), 4, &KEY).unwrap();
+        // SAFETY: the child calls only async-signal-safe functions (usleep, _exit).
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork: {}", io::Error::last_os_error());
+        if child == 0 {
+            unsafe {
+                libc::usleep(50_000);
+                libc::_exit(0);
+            }
+        }
+        drop(first);
+        let again = prepare(&Scope::Local, &target, meta(10), 4, &KEY);
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        unsafe { libc::waitpid(child, &mut status, 0) };
+        assert!(again.is_ok(), "{:?}", again.err());
     }
 
     /// Two transfers to one destination: the second is refused while the first writes, so
