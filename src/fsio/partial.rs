@@ -10,7 +10,9 @@
 //! steps of [`COMMIT_ORDER`].
 //!
 //! The part file is locked (`flock`) while a transfer writes it, so two transfers to one
-//! destination cannot write, or commit, each other's bytes: the second is refused.
+//! destination cannot write, or commit, each other's bytes: the second is refused (once a
+//! lock that a forked child may still hold for a moment has been waited for,
+//! `LOCK_PATIENCE`).
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions, Permissions};
