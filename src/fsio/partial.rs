@@ -352,8 +352,7 @@ pub fn prepare_in(
         let held = at::stat(dir, &part)?.map_or(0, |m| m.st_blocks as u64 * 512);
         room::ensure_room(dir, meta.size.saturating_sub(held))?;
     }
-    let file = at::open(dir, &part, OFlag::O_RDWR | OFlag::O_CREAT, 0o600)?;
-    lock(&file, target)?;
+    let file = open_locked(dir, &part, OFlag::O_RDWR | OFlag::O_CREAT, target)?;
     let header = JournalHeader {
         block_size,
         size: meta.size,
@@ -554,11 +553,13 @@ fn start_writeback(files: &[&PartialFile]) {
 /// journal), unless another transfer is writing there now.
 fn remove_leftovers(dir: &File, place: &Place) {
     let part = place.sibling(PART_SUFFIX);
-    if let Ok(f) = at::open(dir, &part, OFlag::O_RDONLY, 0) {
-        if lock(&f, &place.target).is_err() {
-            return;
+    match open_locked(dir, &part, OFlag::O_RDONLY, &place.target) {
+        Ok(held) => {
+            let _ = at::remove(dir, &part);
+            drop(held);
         }
-        let _ = at::remove(dir, &part);
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(_) => return,
     }
     let _ = at::remove(dir, &place.sibling(JOURNAL_SUFFIX));
 }
@@ -570,9 +571,28 @@ fn remove_leftovers(dir: &File, place: &Place) {
 /// failed 3 times in 60 runs beside two busy loops).
 const LOCK_PATIENCE: Duration = Duration::from_millis(200);
 
-/// Takes the part file's lock, or says which transfer holds it.
-fn lock(file: &File, target: &Path) -> io::Result<()> {
+/// Opens the part file `part` in `dir` and takes its lock, or says which transfer holds it.
+/// The file returned is, once locked, still the one under that name: a transfer whose lock
+/// was waited for may have committed its part file (renamed it to the target) before letting
+/// go, and the lock then guards a finished file, which a new transfer would truncate. The
+/// name is then opened again, and finds the part file there now, or none.
+fn open_locked(dir: &File, part: &str, flags: OFlag, target: &Path) -> io::Result<File> {
     let start = Instant::now();
+    loop {
+        let file = at::open(dir, part, flags, 0o600)?;
+        lock(&file, start, target)?;
+        let ours = file.metadata()?;
+        if at::stat(dir, part)?.is_some_and(|s| (s.st_dev, s.st_ino) == (ours.dev(), ours.ino())) {
+            return Ok(file);
+        }
+        if start.elapsed() >= LOCK_PATIENCE {
+            return Err(busy(target));
+        }
+    }
+}
+
+/// Takes `file`'s lock, waiting for it until [`LOCK_PATIENCE`] after `start`.
+fn lock(file: &File, start: Instant, target: &Path) -> io::Result<()> {
     loop {
         // SAFETY: flock on a descriptor this function borrows for the call.
         let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
@@ -584,18 +604,22 @@ fn lock(file: &File, target: &Path) -> io::Result<()> {
             return Err(e);
         }
         if start.elapsed() >= LOCK_PATIENCE {
-            break;
+            return Err(busy(target));
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    Err(io::Error::new(
+}
+
+/// The refusal of a second transfer to `target`.
+fn busy(target: &Path) -> io::Error {
+    io::Error::new(
         io::ErrorKind::ResourceBusy,
         format!(
             "{} is being received by another transfer right now: wait for it to end, or \
              copy to another name",
             target.display()
         ),
-    ))
+    )
 }
 
 /// The journaled blocks whose bytes in `file` still hash to their recorded digest: a crash
@@ -985,6 +1009,37 @@ mod tests {
         // SAFETY: waits for the child forked above.
         unsafe { libc::waitpid(child, &mut status, 0) };
         assert!(again.is_ok(), "{:?}", again.err());
+    }
+
+    /// A transfer that waited for the lock of one that then committed gets a part file of its
+    /// own: the lock it waited for now guards the committed file, which it must not truncate.
+    #[test]
+    fn a_writer_that_waited_for_a_commit_leaves_the_committed_file_alone() {
+        let t = tempfile::tempdir().unwrap();
+        let target = t.path().join("f");
+        let Prepared::Write { file: first, .. } =
+            prepare(&Scope::Local, &target, meta(10), 4, &KEY).unwrap()
+        else {
+            panic!("fresh file must be written")
+        };
+        for (offset, bytes) in [(0, &b"abcd"[..]), (4, b"efgh"), (8, b"ij")] {
+            first.write_block(offset, bytes).unwrap();
+        }
+        let second = std::thread::spawn({
+            let target = target.clone();
+            let other_version = FileMeta {
+                mtime_ns: meta(10).mtime_ns + 1,
+                ..meta(10)
+            };
+            move || prepare(&Scope::Local, &target, other_version, 4, &KEY)
+        });
+        // The second now waits for the first's lock (LOCK_PATIENCE).
+        std::thread::sleep(Duration::from_millis(50));
+        first.commit(|_| {}).unwrap();
+        drop(first);
+        let second = second.join().unwrap();
+        assert!(second.is_ok(), "{:?}", second.err());
+        assert_eq!(fs::read(&target).unwrap(), b"abcdefghij");
     }
 
     /// Two transfers to one destination: the second is refused while the first writes, so
