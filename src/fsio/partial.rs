@@ -10,9 +10,11 @@
 //! steps of [`COMMIT_ORDER`].
 //!
 //! The part file is locked (`flock`) while a transfer writes it, so two transfers to one
-//! destination cannot write, or commit, each other's bytes: the second is refused (once a
-//! lock that a forked child may still hold for a moment has been waited for,
-//! `LOCK_PATIENCE`).
+//! destination cannot write, or commit, each other's bytes: the second is refused, once a
+//! lock that a forked child may still hold for a moment has been waited for
+//! (`LOCK_PATIENCE`). A lock that was waited for may have been let go by a commit, which
+//! renamed the file it guards to the target: a locked file is kept only while it is still
+//! the one under the part name, and the name is opened again otherwise.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions, Permissions};
