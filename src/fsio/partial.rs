@@ -390,19 +390,14 @@ pub fn prepare_in(
         file.set_len(meta.size)?;
     }
     let journal = if journaled {
-        let mut jf = at::open(
-            dir,
-            &jname,
-            OFlag::O_WRONLY | OFlag::O_APPEND | OFlag::O_CREAT,
-            0o600,
-        )?;
-        if !resuming {
-            jf.set_len(0)?;
-            jf.write_all(&header.encode())?;
-        } else {
+        let jf = if resuming {
+            let jf = at::open(dir, &jname, OFlag::O_WRONLY | OFlag::O_APPEND, 0)?;
             // Drop a torn tail so new records follow intact ones.
             jf.set_len(intact_len as u64)?;
-        }
+            jf
+        } else {
+            new_journal(dir, &jname, &header)?
+        };
         Some(Mutex::new(Journal {
             file: jf,
             pending: Vec::new(),
@@ -427,6 +422,27 @@ pub fn prepare_in(
         }),
         have,
     })
+}
+
+/// A new journal under `name` in `dir`, holding only `header`. The one the name held is
+/// unlinked, not emptied: a transfer that just renamed its part file to the same target may
+/// not have removed its journal yet, and removes only the file it wrote (its commit's
+/// [`CommitStep::RemoveJournal`]), so it cannot take this one's name away.
+fn new_journal(dir: &File, name: &str, header: &JournalHeader) -> io::Result<File> {
+    match at::remove(dir, name) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let flags = OFlag::O_WRONLY | OFlag::O_APPEND | OFlag::O_CREAT | OFlag::O_EXCL;
+    let mut jf = at::open(dir, name, flags, 0o600)?;
+    jf.write_all(&header.encode())?;
+    Ok(jf)
+}
+
+/// True if `name` in `dir` is `file` itself (same device and inode).
+fn is_named(dir: &File, name: &str, file: &File) -> io::Result<bool> {
+    let ours = file.metadata()?;
+    Ok(at::stat(dir, name)?.is_some_and(|s| (s.st_dev, s.st_ino) == (ours.dev(), ours.ino())))
 }
 
 /// A direct writer for a file of `size` bytes, if it is large enough
@@ -583,8 +599,7 @@ fn open_locked(dir: &File, part: &str, flags: OFlag, target: &Path) -> io::Resul
     loop {
         let file = at::open(dir, part, flags, 0o600)?;
         lock(&file, start, target)?;
-        let ours = file.metadata()?;
-        if at::stat(dir, part)?.is_some_and(|s| (s.st_dev, s.st_ino) == (ours.dev(), ours.ino())) {
+        if is_named(dir, part, &file)? {
             return Ok(file);
         }
         if start.elapsed() >= LOCK_PATIENCE {
@@ -717,15 +732,11 @@ impl PartialFile {
             CommitStep::Rename => {
                 let part = self.place.sibling(PART_SUFFIX);
                 // The name must still hold the file written and verified here.
-                let ours = self.file.metadata()?;
-                match at::stat(dir, &part)? {
-                    Some(s) if (s.st_dev, s.st_ino) == (ours.dev(), ours.ino()) => {}
-                    _ => {
-                        return Err(io::Error::other(format!(
-                            "{} was moved or replaced while it was being received",
-                            part
-                        )))
-                    }
+                if !is_named(dir, &part, &self.file)? {
+                    return Err(io::Error::other(format!(
+                        "{} was moved or replaced while it was being received",
+                        part
+                    )));
                 }
                 at::rename(dir, &part, &self.place.name)?;
                 self.committed.store(true, Ordering::SeqCst);
@@ -733,8 +744,14 @@ impl PartialFile {
             }
             CommitStep::SyncDir => dir.sync_all(),
             CommitStep::RemoveJournal => {
-                if self.journal.is_some() {
-                    let _ = at::remove(dir, &self.place.sibling(JOURNAL_SUFFIX));
+                if let Some(j) = &self.journal {
+                    // Only this file's own: a transfer to the same target that began after
+                    // the rename may have made a new one under the name (`new_journal`).
+                    let name = self.place.sibling(JOURNAL_SUFFIX);
+                    let j = j.lock().expect("journal lock");
+                    if is_named(dir, &name, &j.file).unwrap_or(false) {
+                        let _ = at::remove(dir, &name);
+                    }
                 }
                 Ok(())
             }
@@ -1041,6 +1058,48 @@ mod tests {
         drop(first);
         let second = second.join().unwrap();
         assert!(second.is_ok(), "{:?}", second.err());
+        assert_eq!(fs::read(&target).unwrap(), b"abcdefghij");
+    }
+
+    /// A transfer that begins while another commits to the same target, after its rename
+    /// and before its journal's removal, keeps a journal of its own: the committing transfer
+    /// removes only the journal it wrote, so an interruption that follows loses nothing.
+    #[test]
+    fn a_commit_removes_only_its_own_journal() {
+        let t = tempfile::tempdir().unwrap();
+        let target = t.path().join("f");
+        let Prepared::Write { file: first, .. } =
+            prepare(&Scope::Local, &target, meta(10), 4, &KEY).unwrap()
+        else {
+            panic!("fresh file must be written")
+        };
+        for (offset, bytes) in [(0, &b"abcd"[..]), (4, b"efgh"), (8, b"ij")] {
+            first.write_block(offset, bytes).unwrap();
+        }
+        let other_version = FileMeta {
+            mtime_ns: meta(10).mtime_ns + 1,
+            ..meta(10)
+        };
+        let mut second = None;
+        first
+            .commit(|step| {
+                if step == CommitStep::RemoveJournal {
+                    second = Some(prepare(&Scope::Local, &target, other_version, 4, &KEY));
+                }
+            })
+            .unwrap();
+        let Some(Ok(Prepared::Write { file: second, .. })) = second else {
+            panic!("the second transfer writes a part file of its own")
+        };
+        second.write_block(0, b"ABCD").unwrap();
+        second.record(0, &digest(b"ABCD")).unwrap();
+        drop(second); // interrupted
+        let Prepared::Write { have, .. } =
+            prepare(&Scope::Local, &target, other_version, 4, &KEY).unwrap()
+        else {
+            panic!("the second version is not there yet")
+        };
+        assert_eq!(have, vec![(0, digest(b"ABCD"))]);
         assert_eq!(fs::read(&target).unwrap(), b"abcdefghij");
     }
 
