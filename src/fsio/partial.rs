@@ -1030,27 +1030,38 @@ mod tests {
         assert!(again.is_ok(), "{:?}", again.err());
     }
 
+    /// A transfer to `target` that has written all of `abcdefghij` (`meta(10)`, 3 blocks of
+    /// 4) and has yet to commit it.
+    fn written_whole(target: &Path) -> Box<PartialFile> {
+        let Prepared::Write { file, .. } =
+            prepare(&Scope::Local, target, meta(10), 4, &KEY).unwrap()
+        else {
+            panic!("fresh file must be written")
+        };
+        for (offset, bytes) in [(0, &b"abcd"[..]), (4, b"efgh"), (8, b"ij")] {
+            file.write_block(offset, bytes).unwrap();
+        }
+        file
+    }
+
+    /// Another version of `meta(10)`'s file (a later mtime): never skipped as already there.
+    fn other_version() -> FileMeta {
+        FileMeta {
+            mtime_ns: meta(10).mtime_ns + 1,
+            ..meta(10)
+        }
+    }
+
     /// A transfer that waited for the lock of one that then committed gets a part file of its
     /// own: the lock it waited for now guards the committed file, which it must not truncate.
     #[test]
     fn a_writer_that_waited_for_a_commit_leaves_the_committed_file_alone() {
         let t = tempfile::tempdir().unwrap();
         let target = t.path().join("f");
-        let Prepared::Write { file: first, .. } =
-            prepare(&Scope::Local, &target, meta(10), 4, &KEY).unwrap()
-        else {
-            panic!("fresh file must be written")
-        };
-        for (offset, bytes) in [(0, &b"abcd"[..]), (4, b"efgh"), (8, b"ij")] {
-            first.write_block(offset, bytes).unwrap();
-        }
+        let first = written_whole(&target);
         let second = std::thread::spawn({
             let target = target.clone();
-            let other_version = FileMeta {
-                mtime_ns: meta(10).mtime_ns + 1,
-                ..meta(10)
-            };
-            move || prepare(&Scope::Local, &target, other_version, 4, &KEY)
+            move || prepare(&Scope::Local, &target, other_version(), 4, &KEY)
         });
         // The second now waits for the first's lock (LOCK_PATIENCE).
         std::thread::sleep(Duration::from_millis(50));
@@ -1068,18 +1079,8 @@ mod tests {
     fn a_commit_removes_only_its_own_journal() {
         let t = tempfile::tempdir().unwrap();
         let target = t.path().join("f");
-        let Prepared::Write { file: first, .. } =
-            prepare(&Scope::Local, &target, meta(10), 4, &KEY).unwrap()
-        else {
-            panic!("fresh file must be written")
-        };
-        for (offset, bytes) in [(0, &b"abcd"[..]), (4, b"efgh"), (8, b"ij")] {
-            first.write_block(offset, bytes).unwrap();
-        }
-        let other_version = FileMeta {
-            mtime_ns: meta(10).mtime_ns + 1,
-            ..meta(10)
-        };
+        let first = written_whole(&target);
+        let other_version = other_version();
         let mut second = None;
         first
             .commit(|step| {
