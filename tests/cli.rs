@@ -609,6 +609,21 @@ fn bad_input_gets_a_clear_one_line_error() {
         ],
         "required arguments were not provided:\n  --mptcp",
     );
+    // With --ssh the server's key comes over SSH and is pinned: the flags that choose
+    // another trust, or none, are refused rather than ignored.
+    for flag in [
+        &["--no-encrypt"][..],
+        &[
+            "--server-fingerprint",
+            "SHA256:BXJqrL1g677gaRqzLu/aZ3ZtLECr6UAabp9e1ehIsH0",
+        ],
+        &["--known-servers", "/tmp/known"],
+    ] {
+        let mut args = vec!["copy", "--ssh"];
+        args.extend_from_slice(flag);
+        args.extend_from_slice(&[f, "127.0.0.1:x"]);
+        usage_error(&args, &format!("'--ssh' cannot be used with '{}", flag[0]));
+    }
     // A server's block memory holds at least one default block.
     refused_as_usage(
         &["serve", "--no-auth", "--root", ".", "--block-memory", "1M"],

@@ -474,8 +474,20 @@ struct CopyArgs {
     transfer: TransferArgs,
     /// Start the server over SSH for this copy only (no daemon, no token file): runs
     /// `hsxfer serve --once --stdio` on the remote host as [USER@]HOST's user; remote paths
-    /// are relative to that user's home, or absolute.
-    #[arg(long, conflicts_with_all = ["token_file", "no_auth", "port"])]
+    /// are relative to that user's home, or absolute. The server's key comes over SSH and
+    /// is pinned, and the copy is encrypted: --no-encrypt, --server-fingerprint and
+    /// --known-servers do not apply.
+    #[arg(
+        long,
+        conflicts_with_all = [
+            "token_file",
+            "no_auth",
+            "port",
+            "no_encrypt",
+            "server_fingerprint",
+            "known_servers",
+        ]
+    )]
     ssh: bool,
     /// The SSH command and its options, split at spaces (e.g. "ssh -p 2222 -i KEY").
     #[arg(long, value_name = "CMD", default_value = "ssh", requires = "ssh")]
