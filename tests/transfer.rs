@@ -381,6 +381,44 @@ async fn a_server_of_another_protocol_version_is_named_as_such() {
     );
 }
 
+/// A token given in the options, not in a file, authenticates a builder's client: `build`
+/// keeps the options' `auth` when no token file was named.
+#[tokio::test]
+async fn a_builders_options_keep_their_token() {
+    let (root, home, keys) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let token_file = keys.path().join("token");
+    hsxfer::session::token::new(&token_file).unwrap();
+    let token = hsxfer::session::token::read(&token_file).unwrap();
+    let server = hsxfer::Server::builder(root.path())
+        .port(0)
+        .token_file(&token_file)
+        .bind()
+        .await
+        .unwrap();
+    let port = server.local_addr().port();
+    let serving = tokio::spawn(server.run());
+    fs::write(home.path().join("f"), b"tokened").unwrap();
+    let client = hsxfer::Client::builder("127.0.0.1")
+        .options(hsxfer::TransferOptions {
+            auth: Auth::Token(token),
+            ..Default::default()
+        })
+        .port(port)
+        .build()
+        .unwrap();
+    let report = client
+        .push(&[home.path().join("f")], false, "f", &live(2))
+        .await
+        .unwrap();
+    assert!(report.verified);
+    assert_eq!(fs::read(root.path().join("f")).unwrap(), b"tokened");
+    stop(serving).await;
+}
+
 /// A server started with MPTCP and a client asking for it: the data runs over one MPTCP
 /// connection (`MPTCP_INFO`), both ways, and the bytes arrive intact. One subflow: on
 /// loopback both ends share one path manager, so the ports the server announces are

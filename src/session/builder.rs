@@ -106,15 +106,18 @@ impl ClientBuilder {
         self
     }
 
-    /// Every other option, as a whole (what was set before is replaced).
+    /// Every other option, as a whole (what was set before is replaced). Their `auth` is
+    /// used unless [`ClientBuilder::token_file`] names a token file, which wins.
     pub fn options(mut self, opts: TransferOptions) -> Self {
         self.opts = opts;
         self
     }
 
-    /// Reads the token file and checks the options.
+    /// Reads the token file, if one was given, and checks the options.
     pub fn build(mut self) -> Result<Client> {
-        self.opts.auth = Auth::from_optional_token_file(self.token_file.as_deref())?;
+        if let Some(path) = &self.token_file {
+            self.opts.auth = Auth::from_token_file(path)?;
+        }
         self.opts.validate()?;
         Ok(Client::new(&self.host, self.opts))
     }
