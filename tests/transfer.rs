@@ -140,12 +140,18 @@ async fn files_already_complete_are_skipped() {
     c.push(&[src.path().join("f")], false, "f", &live(4))
         .await
         .unwrap();
+    let progress = live(4);
     let r = c
-        .push(&[src.path().join("f")], false, "f", &live(4))
+        .push(&[src.path().join("f")], false, "f", &progress)
         .await
         .unwrap();
     assert_eq!((r.files_skipped, r.bytes, r.bytes_skipped), (1, 0, 9 << 20));
     assert!(r.verified);
+    // Progress ends whole: the skipped file counts as done, and its bytes as not to carry.
+    assert_eq!(
+        (progress.files_done(), progress.expected(), progress.total()),
+        (1, 0, 0)
+    );
 }
 
 /// Dropping a transfer's future stops the transfer: its engine runs as a runtime task of its

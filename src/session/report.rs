@@ -130,6 +130,16 @@ impl LiveStats {
         self.expected.fetch_add(bytes, Ordering::Relaxed);
     }
 
+    /// Takes back expected bytes the receiver turned out to have already (a skipped file,
+    /// the blocks of a resumed one).
+    pub(crate) fn expect_less(&self, bytes: u64) {
+        let _ = self
+            .expected
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |e| {
+                Some(e.saturating_sub(bytes))
+            });
+    }
+
     /// Bytes this run expects to carry, as far as known.
     pub fn expected(&self) -> u64 {
         self.expected.load(Ordering::Relaxed)

@@ -243,7 +243,15 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                 msg = self.ctrl_r.expect() => match msg? {
                     Message::Plan { files } => {
                         for p in files {
+                            let had = planner.skipped_bytes() + planner.resumed_bytes();
                             let (todo, seal) = planner.on_plan(&p)?;
+                            // Announced in full; what the receiver has is not carried.
+                            self.live.expect_less(
+                                planner.skipped_bytes() + planner.resumed_bytes() - had,
+                            );
+                            if p.action == PlanAction::Skip {
+                                self.live.file_done();
+                            }
                             for j in todo {
                                 let _ = jobs.send(j).await;
                             }
