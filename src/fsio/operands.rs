@@ -1,6 +1,6 @@
-//! Telling remote operands (`HOST:PATH`, `[v6addr]:PATH`) from local paths, as scp does: a
-//! colon before the first slash makes an operand remote; write `./a:b` for a local file
-//! whose name has a colon.
+//! Telling remote operands (`HOST:PATH`, `[v6addr]:PATH`, `USER@HOST:PATH`,
+//! `USER@[v6addr]:PATH`) from local paths, as scp does: a colon before the first slash makes
+//! an operand remote; write `./a:b` for a local file whose name has a colon.
 
 /// A parsed operand.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -9,7 +9,7 @@ pub enum Operand {
     Local(String),
     /// A path on a server.
     Remote {
-        /// Host name or address (IPv6 without brackets).
+        /// Host name or address (IPv6 without brackets), after `USER@` where one was given.
         host: String,
         /// Path relative to the server root.
         path: String,
@@ -18,10 +18,18 @@ pub enum Operand {
 
 /// Parses one operand.
 pub fn parse(s: &str) -> Operand {
-    if let Some(rest) = s.strip_prefix('[') {
-        if let Some((host, path)) = rest.split_once("]:") {
+    // A bracketed IPv6 address, with or without a user before it.
+    let bracketed = s.strip_prefix('[').map(|rest| ("", rest)).or_else(|| {
+        let (user, rest) = s.split_once("@[")?;
+        (!user.is_empty() && !user.contains(['/', ':'])).then_some((user, rest))
+    });
+    if let Some((user, rest)) = bracketed {
+        if let Some((addr, path)) = rest.split_once("]:") {
             return Operand::Remote {
-                host: host.into(),
+                host: match user {
+                    "" => addr.into(),
+                    user => format!("{user}@{addr}"),
+                },
                 path: path.into(),
             };
         }
@@ -174,6 +182,21 @@ mod tests {
                 path: "data/x".into()
             }
         );
+        assert_eq!(
+            parse("alice@[fe80::1]:/data/in/"),
+            Operand::Remote {
+                host: "alice@fe80::1".into(),
+                path: "/data/in/".into()
+            }
+        );
+        assert_eq!(
+            parse("alice@h:x"),
+            Operand::Remote {
+                host: "alice@h".into(),
+                path: "x".into()
+            }
+        );
+        assert_eq!(parse("./a@[b]:c"), Operand::Local("./a@[b]:c".into()));
         assert_eq!(parse("./a:b"), Operand::Local("./a:b".into()));
         assert_eq!(
             parse("host:"),
