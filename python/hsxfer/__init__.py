@@ -13,8 +13,8 @@ transfers resumed where they stopped, and the transfer tuned to the path while i
 Transfers release the GIL while they run. The progress callback is called on the calling
 thread every ``interval`` seconds (and once at the end) with a dict: ``bytes`` and
 ``expected`` (payload bytes so far and in all, as far as known), ``files_done``, ``seconds``,
-and ``channels`` (bytes per data channel). If the callback raises, or on Ctrl-C, the transfer
-stops and the exception propagates; the server keeps what arrived, and the same call later
+and ``channels`` (bytes per data channel). If the callback raises, or on Ctrl-C (looked for
+every 0.2 s, whatever the interval), the transfer stops and the exception propagates; the server keeps what arrived, and the same call later
 resumes from there.
 
 Errors are :class:`Error` (or one of its subclasses) with the same one-line messages as the

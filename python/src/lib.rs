@@ -12,7 +12,7 @@ use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hsxfer::fsio::operands::{self, Direction};
 use hsxfer::probe::{Direction as ProfileDirection, Fixed, ProbeOptions};
@@ -130,6 +130,9 @@ fn snapshot<'py>(py: Python<'py>, live: &LiveStats) -> PyResult<Bound<'py, PyDic
     Ok(d)
 }
 
+/// How often a transfer's caller looks for Ctrl-C, even when progress comes less often.
+const SIGNAL_CHECK: Duration = Duration::from_millis(200);
+
 /// Runs `work` to its end with the GIL released, calling `progress` every `interval`; a
 /// callback that raises, or Ctrl-C, aborts the work and raises in the caller.
 fn drive<T: Send + 'static>(
@@ -147,10 +150,15 @@ fn drive<T: Send + 'static>(
     let step = Duration::from_secs_f64(interval);
     let rt = runtime();
     let mut task = rt.spawn(work);
+    let mut next_progress = Instant::now() + step;
     loop {
+        // Ctrl-C is looked for at least every SIGNAL_CHECK, whatever the interval.
+        let wait = next_progress
+            .saturating_duration_since(Instant::now())
+            .min(SIGNAL_CHECK);
         // The timer must be made inside the runtime.
         let waited =
-            py.detach(|| rt.block_on(async { tokio::time::timeout(step, &mut task).await }));
+            py.detach(|| rt.block_on(async { tokio::time::timeout(wait, &mut task).await }));
         if let Ok(joined) = waited {
             let value = joined
                 .map_err(hsxfer::Error::task("the transfer"))
@@ -161,8 +169,13 @@ fn drive<T: Send + 'static>(
             }
             return Ok(value);
         }
-        let asked_to_stop = py.check_signals().and_then(|()| {
-            progress.map_or(Ok(()), |cb| cb.call1((snapshot(py, live)?,)).map(drop))
+        let due = Instant::now() >= next_progress;
+        if due {
+            next_progress = Instant::now() + step;
+        }
+        let asked_to_stop = py.check_signals().and_then(|()| match progress {
+            Some(cb) if due => cb.call1((snapshot(py, live)?,)).map(drop),
+            _ => Ok(()),
         });
         if let Err(e) = asked_to_stop {
             task.abort();

@@ -1,5 +1,6 @@
 """The Python package against a real server on loopback (hsxfer.Server, in this process)."""
 
+import _thread
 import hashlib
 import os
 import secrets
@@ -173,6 +174,20 @@ def test_an_interrupted_push_resumes(served, tmp_path):
     assert report["bytes_resumed"] > 0, report
     assert report["bytes"] < size
     assert digest(root / "big") == digest(tmp_path / "big")
+
+
+def test_ctrl_c_stops_a_copy_whose_progress_comes_rarely(served, tmp_path):
+    """Ctrl-C stops a copy at once even when its progress is asked for every ten minutes."""
+    server, root, token = served
+    random_file(tmp_path / "big", 64 << 20)
+    threading.Timer(0.5, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt):
+        # 2 channels paced at 64 Mbit/s each: about 4 s for the whole file.
+        hsxfer.push([str(tmp_path / "big")], remote(server, "big"), channels=2,
+                    pace=64_000_000, tune="off", port=server.port, token_file=token,
+                    progress=lambda p: None, interval=600)
+    # Had the interrupt waited for the copy's end, the file would be there.
+    assert not (root / "big").exists()
 
 
 def test_a_stopped_server_tells_the_client_why(tmp_path):
