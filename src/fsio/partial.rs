@@ -255,9 +255,28 @@ impl Place {
     }
 }
 
-/// The name of `name`'s part file or journal (`.NAME.SUFFIX`), beside it.
+/// The longest name of a directory entry (Linux's `NAME_MAX`).
+const NAME_MAX: usize = 255;
+
+/// Hex digits of the digest that stands for a long name's cut end.
+const NAME_TAG_DIGITS: usize = 16;
+
+/// The name of `name`'s part file or journal (`.NAME.SUFFIX`), beside it. Where that would
+/// be longer than a name may be (a target name of 240 bytes or more), `NAME` is cut at a
+/// character boundary and followed by `~` and a digest of the whole name: the same target
+/// always gets the same sibling (a resume finds it), and two long names that begin alike
+/// get different ones.
 pub(crate) fn sibling_name(name: &str, suffix: &str) -> String {
-    format!(".{name}.{suffix}")
+    let whole = format!(".{name}.{suffix}");
+    if whole.len() <= NAME_MAX {
+        return whole;
+    }
+    let tag = blake3::hash(name.as_bytes()).to_hex();
+    let mut cut = NAME_MAX - ".~.".len() - NAME_TAG_DIGITS - suffix.len();
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!(".{}~{}.{suffix}", &name[..cut], &tag[..NAME_TAG_DIGITS])
 }
 
 /// Decides whether `target` needs this file and opens (or resumes) its partial file. Blocks
@@ -938,6 +957,50 @@ mod tests {
             prepare(&Scope::Local, &target, meta(11), 4, &KEY).unwrap(),
             Prepared::Write { .. }
         ));
+    }
+
+    /// A target whose name is as long as a name may be still gets a part file and a
+    /// journal, under shortened names of its own, and resumes and commits as any other.
+    #[test]
+    fn a_name_of_255_bytes_is_received_resumed_and_committed() {
+        let t = tempfile::tempdir().unwrap();
+        // 85 three-byte characters: 255 bytes, cut inside a character for its siblings.
+        let long = "\u{6587}".repeat(85);
+        let other = format!("{}x", "\u{6587}".repeat(84));
+        for name in [&long, &other] {
+            let part = sibling_name(name, PART_SUFFIX);
+            assert!(part.len() <= NAME_MAX && is_reserved_name(&part), "{part}");
+            assert!(sibling_name(name, JOURNAL_SUFFIX).len() <= NAME_MAX);
+        }
+        assert_ne!(
+            sibling_name(&long, PART_SUFFIX),
+            sibling_name(&other, PART_SUFFIX),
+            "two long names that begin alike"
+        );
+        let target = t.path().join(&long);
+        let Prepared::Write { file, .. } =
+            prepare(&Scope::Local, &target, meta(10), 4, &KEY).unwrap()
+        else {
+            panic!("a new file is written")
+        };
+        file.write_block(0, b"abcd").unwrap();
+        file.record(0, &digest(b"abcd")).unwrap();
+        drop(file);
+        let Prepared::Write { file, have } =
+            prepare(&Scope::Local, &target, meta(10), 4, &KEY).unwrap()
+        else {
+            panic!("the part file is resumed")
+        };
+        assert_eq!(have, vec![(0, digest(b"abcd"))]);
+        file.write_block(4, b"efgh").unwrap();
+        file.write_block(8, b"ij").unwrap();
+        file.commit(|_| {}).unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"abcdefghij");
+        assert_eq!(
+            fs::read_dir(t.path()).unwrap().count(),
+            1,
+            "nothing left beside it"
+        );
     }
 
     /// A new file of one block is written unnamed: nothing appears in its directory until its
