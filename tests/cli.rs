@@ -488,6 +488,61 @@ fn json_events_follow_the_documented_schema() {
     assert!(per_channel(0) >= 3 && per_channel(1) >= 3, "{events:#?}");
 }
 
+/// A pull into the process's own stdout: piped (`| next`), the data alone goes down the
+/// pipe and the report (human or JSON) to stderr; redirected to a file (`> out.bin`), the
+/// file gets the data, through the descriptor, as `cp` would write it.
+#[test]
+fn a_pull_into_stdout_keeps_the_data_apart_from_the_report() {
+    let root = tempfile::tempdir().unwrap();
+    random_file(&root.path().join("f"), 5 << 20, 8);
+    let want = fs::read(root.path().join("f")).unwrap();
+    let port = free_port();
+    let _server = serve(root.path(), port);
+    let port = port.to_string();
+    for json in [false, true] {
+        let mut args = vec!["copy", "-n", "2", "--no-auth", "--port", &port];
+        if json {
+            args.push("--json");
+        }
+        args.extend(["127.0.0.1:f", "/dev/stdout"]);
+        let out = hsxfer(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        assert!(
+            out.stdout == want,
+            "stdout holds {} bytes",
+            out.stdout.len()
+        );
+        let report = if json {
+            "\"type\":\"summary\""
+        } else {
+            "verified"
+        };
+        assert!(err.contains(report), "{err}");
+    }
+    // The child's /proc/self/fd/1 is /dev/stdout's target: the file it was redirected to.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("out.bin");
+    let out = Command::new(BIN)
+        .args([
+            "copy",
+            "--no-auth",
+            "--port",
+            &port,
+            "127.0.0.1:f",
+            "/proc/self/fd/1",
+        ])
+        .stdout(fs::File::create(&file).unwrap())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(fs::read(&file).unwrap() == want);
+}
+
 /// Flags the argument parser refuses: exit 2 (usage), with `needle` in its message (which
 /// may span lines, as clap's list of missing arguments does).
 fn usage_error(args: &[&str], needle: &str) {

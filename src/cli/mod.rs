@@ -752,6 +752,9 @@ async fn copy(a: CopyArgs) -> anyhow::Result<bool> {
         Direction::Push { host, .. } => ("push", host.clone(), ProfileDirection::Push),
         Direction::Pull { host, .. } => ("pull", host.clone(), ProfileDirection::Pull),
     };
+    if let Direction::Pull { dest, .. } = &dir {
+        output::keep_stdout_for(std::path::Path::new(dest));
+    }
     let remote = if a.ssh {
         let root = operands::ssh_root(&mut dir).map_err(anyhow::Error::msg)?;
         let launch = SshLaunch {

@@ -7,6 +7,7 @@ use hsxfer::transport::Transport;
 use std::fs::File;
 use std::io::{BufWriter, IsTerminal, Write};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,11 +30,38 @@ pub enum Mode {
     Human,
 }
 
-/// Writes one line to stdout (line-buffered: the newline sends it). A closed stdout is not
-/// an error of the command: what is left to print is dropped, JSON events included.
+/// Set while a pull writes its data to this process's stdout: reports go to stderr then.
+static STDOUT_CARRIES_DATA: AtomicBool = AtomicBool::new(false);
+
+/// Sends what would go to stdout (the summary, JSON events) to stderr from now on, when
+/// `dest`, where a pull writes, is what stdout is open on (`/dev/stdout`, a pipe, or the
+/// file stdout was redirected to): the report would otherwise end up inside the data.
+pub fn keep_stdout_for(dest: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let same =
+        |a: &std::fs::Metadata, b: &std::fs::Metadata| (a.dev(), a.ino()) == (b.dev(), b.ino());
+    if let (Ok(d), Ok(out)) = (
+        std::fs::metadata(dest),
+        std::fs::metadata("/proc/self/fd/1"),
+    ) {
+        if same(&d, &out) {
+            STDOUT_CARRIES_DATA.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Writes one line to stdout (line-buffered: the newline sends it), or to stderr while
+/// stdout carries a pull's data. A closed stdout is not an error of the command: what is
+/// left to print is dropped, JSON events included.
 pub fn stdout_line(args: std::fmt::Arguments<'_>) {
-    let mut out = std::io::stdout().lock();
-    let _ = out.write_fmt(args).and_then(|()| out.write_all(b"\n"));
+    let write = |out: &mut dyn Write| {
+        let _ = out.write_fmt(args).and_then(|()| out.write_all(b"\n"));
+    };
+    if STDOUT_CARRIES_DATA.load(Ordering::Relaxed) {
+        write(&mut std::io::stderr().lock());
+    } else {
+        write(&mut std::io::stdout().lock());
+    }
 }
 
 fn emit(event: &Event) {

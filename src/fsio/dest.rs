@@ -3,8 +3,9 @@
 //! - `DST` is an existing directory (or several sources were given): each source lands
 //!   inside it, under its own name.
 //! - otherwise the single source is written *as* `DST` (a new name, or a file replaced).
-//! - `DST` is an existing character device or FIFO (e.g. `/dev/null`): the single file's
-//!   bytes are written straight into it, in order, with no temporary name.
+//! - `DST` is an existing character device or FIFO (e.g. `/dev/null`), or names one of this
+//!   process's open descriptors (`/dev/stdout`, `/dev/fd/N`, `/proc/self/fd/N`): the single
+//!   file's bytes are written straight into it, with no temporary name.
 
 use std::fs;
 use std::io;
@@ -41,8 +42,8 @@ pub enum DestError {
     /// destination empty and let the server send before planning.
     #[error("'{0}' appeared at the destination while the pull was starting (is another copy writing there?): run the copy again")]
     AppearedMeanwhile(String),
-    /// A device or FIFO target takes exactly one file.
-    #[error("'{0}' is a device or FIFO: it takes exactly one file")]
+    /// A device, FIFO or descriptor target takes exactly one file.
+    #[error("'{0}' is a device, FIFO or open descriptor: it takes exactly one file")]
     StreamNeedsOneFile(String),
     /// I/O error.
     #[error("{path}: {source}")]
@@ -143,9 +144,14 @@ impl Destination {
     /// Resolves `dst` for `sources` top-level sources within `scope`.
     pub fn resolve(scope: Scope, dst: &str, sources: u32) -> Result<Self, DestError> {
         let p = scope.resolve(dst)?;
+        let stream = |m: &fs::Metadata| {
+            m.file_type().is_char_device()
+                || m.file_type().is_fifo()
+                || (matches!(scope, Scope::Local) && names_a_descriptor(&p))
+        };
         let layout = match fs::metadata(&p) {
             Ok(m) if m.is_dir() => Layout::Into(p),
-            Ok(m) if m.file_type().is_char_device() || m.file_type().is_fifo() => {
+            Ok(m) if stream(&m) => {
                 if sources != 1 || matches!(scope, Scope::Confined(_)) {
                     return Err(DestError::StreamNeedsOneFile(dst.into()));
                 }
@@ -264,6 +270,28 @@ impl Destination {
     }
 }
 
+/// True for a path that leads, through symbolic links, to one of this process's open
+/// descriptors (`/dev/stdout` is a link to `/proc/self/fd/1`). Writing there writes to what
+/// the descriptor is open on (`> out.bin`); putting a file in its place instead would
+/// replace the link itself.
+fn names_a_descriptor(p: &Path) -> bool {
+    let own = Path::new("/proc")
+        .join(std::process::id().to_string())
+        .join("fd");
+    let mut p = p.to_path_buf();
+    // The kernel follows at most 40 links in a path.
+    for _ in 0..40 {
+        if p.starts_with("/proc/self/fd") || p.starts_with("/dev/fd") || p.starts_with(&own) {
+            return true;
+        }
+        match fs::read_link(&p) {
+            Ok(next) => p = p.parent().map_or(next.clone(), |dir| dir.join(next)),
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
 fn rename_layout(p: &Path, dst: &str) -> Result<Layout, DestError> {
     let parent = match p.parent() {
         Some(x) if x.as_os_str().is_empty() => PathBuf::from("."),
@@ -323,6 +351,37 @@ mod tests {
         let null = Destination::resolve(Scope::Local, "/dev/null", 1).unwrap();
         assert!(matches!(null.layout, Layout::Stream(_)));
         assert!(Destination::resolve(Scope::Local, "/dev/null", 2).is_err());
+    }
+
+    /// `/dev/stdout` redirected to a file (`> out.bin`) is written through, not replaced:
+    /// a path that leads to an open descriptor of this process is a stream, whatever the
+    /// descriptor is open on.
+    #[test]
+    fn a_path_to_an_open_descriptor_is_written_through() {
+        use std::os::fd::AsRawFd;
+        let t = tempfile::tempdir().unwrap();
+        let out = fs::File::create(t.path().join("out.bin")).unwrap();
+        let fd = out.as_raw_fd();
+        std::os::unix::fs::symlink(format!("/proc/self/fd/{fd}"), t.path().join("stdout")).unwrap();
+        std::os::unix::fs::symlink("stdout", t.path().join("again")).unwrap();
+        for dst in [
+            format!("/proc/self/fd/{fd}"),
+            format!("/dev/fd/{fd}"),
+            format!("{}/stdout", t.path().display()),
+            format!("{}/again", t.path().display()),
+        ] {
+            let d = Destination::resolve(Scope::Local, &dst, 1).unwrap();
+            assert!(matches!(d.layout, Layout::Stream(_)), "{dst}");
+            assert!(matches!(
+                Destination::resolve(Scope::Local, &dst, 2),
+                Err(DestError::StreamNeedsOneFile(_))
+            ));
+        }
+        // A link to a file is still replaced by the atomic rename, as rsync replaces one.
+        std::os::unix::fs::symlink("out.bin", t.path().join("link")).unwrap();
+        let link = format!("{}/link", t.path().display());
+        let d = Destination::resolve(Scope::Local, &link, 1).unwrap();
+        assert!(matches!(d.layout, Layout::Rename { .. }));
     }
 
     /// A pull may skip its plans only where nothing could be skipped or resumed.
