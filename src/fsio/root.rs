@@ -133,10 +133,12 @@ impl Scope {
     }
 
     /// Rewrites a message for a peer so that it names paths relative to the root instead of
-    /// revealing where the root is.
+    /// revealing where the root is. A root of `/` (`copy --ssh` with absolute paths) hides
+    /// nothing, and its paths stay as the user wrote them.
     pub fn hide_root(&self, message: &str) -> String {
         match self {
             Scope::Local => message.to_string(),
+            Scope::Confined(root) if root.path == Path::new("/") => message.to_string(),
             Scope::Confined(root) => {
                 let r = root.path.display().to_string();
                 message.replace(&format!("{r}/"), "").replace(&r, ".")
@@ -198,6 +200,10 @@ mod tests {
             canon.display()
         );
         assert_eq!(s.hide_root(&msg), "d/x: no such file; root .");
+        // Every path is below `/`: its messages keep their slashes.
+        let all = Scope::confined(Path::new("/")).unwrap();
+        let msg = "reading /data/f: block 3/4";
+        assert_eq!(all.hide_root(msg), msg);
     }
 
     #[test]
