@@ -616,7 +616,13 @@ const LOCK_PATIENCE: Duration = Duration::from_millis(200);
 fn open_locked(dir: &File, part: &str, flags: OFlag, target: &Path) -> io::Result<File> {
     let start = Instant::now();
     loop {
-        let file = at::open(dir, part, flags, 0o600)?;
+        let file = match at::open(dir, part, flags, 0o600) {
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                writable_again(dir, part).map_err(|_| e)?;
+                at::open(dir, part, flags, 0o600)?
+            }
+            opened => opened?,
+        };
         lock(&file, start, target)?;
         if is_named(dir, part, &file)? {
             return Ok(file);
@@ -625,6 +631,17 @@ fn open_locked(dir: &File, part: &str, flags: OFlag, target: &Path) -> io::Resul
             return Err(busy(target));
         }
     }
+}
+
+/// Gives the owner write permission back on a part file that an interrupted commit left
+/// with its final, read-only mode (`SetAttributes` runs before the rename): without it, a
+/// receiver that is not root could never resume or replace that part file.
+fn writable_again(dir: &File, part: &str) -> io::Result<()> {
+    let file = at::open(dir, part, OFlag::O_RDONLY, 0)?;
+    if !at::is_file(&at::fstat(&file)?) {
+        return Err(io::ErrorKind::InvalidInput.into());
+    }
+    file.set_permissions(Permissions::from_mode(0o600))
 }
 
 /// Takes `file`'s lock, waiting for it until [`LOCK_PATIENCE`] after `start`.
@@ -1001,6 +1018,58 @@ mod tests {
             1,
             "nothing left beside it"
         );
+    }
+
+    /// An interrupted commit can leave a part file with its final mode (`SetAttributes`
+    /// runs before the rename), read-only where the source was. A receiver that is not root
+    /// gives itself write permission back and resumes it.
+    #[test]
+    fn a_part_file_left_read_only_is_resumed_by_its_owner() {
+        let t = tempfile::tempdir().unwrap();
+        as_nobody_if_root(t.path(), || {
+            let target = t.path().join("f");
+            let Prepared::Write { file, .. } =
+                prepare(&Scope::Local, &target, meta(10), 4, &KEY).unwrap()
+            else {
+                panic!("a new file is written")
+            };
+            file.write_block(0, b"abcd").unwrap();
+            file.record(0, &digest(b"abcd")).unwrap();
+            drop(file);
+            let part = target.with_file_name(sibling_name("f", PART_SUFFIX));
+            fs::set_permissions(&part, Permissions::from_mode(0o444)).unwrap();
+            let Prepared::Write { have, .. } =
+                prepare(&Scope::Local, &target, meta(10), 4, &KEY).unwrap()
+            else {
+                panic!("the part file is resumed")
+            };
+            assert_eq!(have, vec![(0, digest(b"abcd"))]);
+        });
+    }
+
+    /// Runs `f` on a thread whose file accesses are those of nobody (uid 65534), made owner
+    /// of `dir`, when this process is root (root ignores permission bits); as any other
+    /// user, `f` runs as it is.
+    fn as_nobody_if_root(dir: &Path, f: impl FnOnce() + Send) {
+        const NOBODY: u32 = 65534;
+        if !nix::unistd::geteuid().is_root() {
+            return f();
+        }
+        std::os::unix::fs::chown(dir, Some(NOBODY), Some(NOBODY)).unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                // Per thread: a non-zero fsuid also drops the capabilities that bypass
+                // permission bits.
+                // SAFETY: these calls change only this thread's file-system ids.
+                unsafe {
+                    libc::setfsgid(NOBODY);
+                    libc::setfsuid(NOBODY);
+                }
+                f()
+            })
+            .join()
+            .unwrap()
+        });
     }
 
     /// A new file of one block is written unnamed: nothing appears in its directory until its
