@@ -32,6 +32,12 @@ pub const MAX_CHUNK_FILES: u64 = 256;
 /// files are planned long before the channels reach them.
 pub const MAX_UNPLANNED_FILES: u32 = 64;
 
+/// Times a sender sends one block again. A receiver asks again only for a block that
+/// arrived damaged, so more requests mean a path or peer that damages every copy, or a peer
+/// filling the sender's queue of jobs with requests (each costs it a few bytes, the sender
+/// a queued job and a whole block).
+pub const MAX_RESENDS: u8 = 8;
+
 /// Most block digests in one `Sealed` message: a seal of a larger file goes in pieces, so a
 /// file of any size fits the control frame limit (200,000 digests are 13.4 MB of JSON).
 pub const SEAL_PIECE: usize = 200_000;

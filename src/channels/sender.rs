@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use super::blocks;
 use super::control::{FilePlan, Message, PlanAction};
-use super::limits::SEAL_PIECE;
+use super::limits::{MAX_RESENDS, SEAL_PIECE};
 use super::manifest::{Entry, EntryKind};
 use super::{Digest, Violation};
 
@@ -48,6 +48,8 @@ struct SendFile {
     planned: bool,
     sealed: bool,
     done: bool,
+    /// Times each block was asked for again (only blocks that were).
+    resends: HashMap<u64, u8>,
 }
 
 /// Tracks every file of one sending session.
@@ -88,6 +90,7 @@ impl SendPlanner {
                         planned: false,
                         sealed: false,
                         done: false,
+                        resends: HashMap::new(),
                     },
                 );
             }
@@ -200,13 +203,21 @@ impl SendPlanner {
             .collect()
     }
 
-    /// The receiver wants a block again.
+    /// The receiver wants a block again, at most [`MAX_RESENDS`] times.
     pub fn on_nack(&mut self, file: u32, block: u64) -> Result<Job, Violation> {
         let bs = self.block_size;
         let f = self.file(file)?;
         if f.done || block >= f.digests.len() as u64 {
             return Err(Violation(format!("nack for block {block} of file {file}")));
         }
+        let times = f.resends.entry(block).or_default();
+        if *times == MAX_RESENDS {
+            return Err(Violation(format!(
+                "block {block} of file {file} asked for again more than {MAX_RESENDS} times \
+                 (is every copy of it damaged on the way?)"
+            )));
+        }
+        *times += 1;
         Ok(job(file, f.size, bs, block, true))
     }
 
@@ -371,5 +382,21 @@ mod tests {
         assert!(p.on_done(1).is_err(), "done before sealed");
         assert!(p.on_nack(1, 3).is_err());
         assert!(!p.finished());
+    }
+
+    /// A block goes out again at most MAX_RESENDS times: a peer cannot grow the sender's
+    /// queue of jobs without bound by asking for one block over and over.
+    #[test]
+    fn a_block_is_sent_again_a_bounded_number_of_times() {
+        let mut p = SendPlanner::new(4);
+        p.announce(&[entry(1, 10)], true);
+        p.on_plan(&send(1, vec![])).unwrap();
+        for _ in 0..MAX_RESENDS {
+            assert_eq!(p.on_nack(1, 0).unwrap(), job(1, 10, 4, 0, true));
+        }
+        let e = p.on_nack(1, 0).unwrap_err();
+        assert!(e.0.contains("more than 8 times"), "{e:?}");
+        // Each block has its own count.
+        assert!(p.on_nack(1, 1).is_ok());
     }
 }
