@@ -186,7 +186,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
     ) -> Result<SideOutcome> {
         let mut out = SideOutcome::default();
         let mut completion = Completion::default();
-        let mut dirs: Vec<(PathBuf, Entry)> = Vec::new();
+        let mut dirs = DirsToFinish::default();
         // Verified files are committed in groups: while one group commits, the files verified
         // meanwhile wait in `verified` and form the next.
         let mut commits: JoinSet<Result<Vec<u32>>> = JoinSet::new();
@@ -380,7 +380,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         shared: &Arc<Mutex<Shared>>,
         work: &FileWork,
         entries: Vec<Entry>,
-        dirs: &mut Vec<(PathBuf, Entry)>,
+        dirs: &mut DirsToFinish,
         out: &mut SideOutcome,
     ) -> Result<u64> {
         let files: Vec<String> = entries
@@ -412,7 +412,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         shared: &Arc<Mutex<Shared>>,
         work: &FileWork,
         entries: Vec<Entry>,
-        dirs: &mut Vec<(PathBuf, Entry)>,
+        dirs: &mut DirsToFinish,
         out: &mut SideOutcome,
         mut slots: Option<OwnedSemaphorePermit>,
     ) -> Result<Vec<FilePlan>> {
@@ -426,7 +426,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         let mut s = lock(shared);
         for (entry, target, prep) in prepared {
             let EntryKind::File { size } = entry.kind else {
-                dirs.push((target, entry));
+                dirs.add(target, entry);
                 continue;
             };
             out.files += 1;
@@ -630,10 +630,28 @@ async fn close_unfinished(
 /// Applies directory modes and mtimes after their contents are in place, deepest first,
 /// through each directory opened `O_NOFOLLOW` (below the root, when confined): a directory
 /// swapped for a symlink is passed over, never changed through the link.
-async fn finish_dirs(scope: Scope, mut dirs: Vec<(PathBuf, Entry)>) -> Result<()> {
-    tokio::task::spawn_blocking(move || {
+/// The directories a transfer created or reached, whose modes and times are set at its end.
+/// One listed again (a peer may repeat entries) replaces its first listing: it costs no
+/// more memory.
+#[derive(Default)]
+struct DirsToFinish(HashMap<PathBuf, Entry>);
+
+impl DirsToFinish {
+    fn add(&mut self, target: PathBuf, entry: Entry) {
+        self.0.insert(target, entry);
+    }
+
+    /// Deepest first: setting a directory's time after its subdirectories' keeps it.
+    fn deepest_first(self) -> Vec<(PathBuf, Entry)> {
+        let mut dirs: Vec<_> = self.0.into_iter().collect();
         dirs.sort_by_key(|(p, _)| std::cmp::Reverse(p.components().count()));
-        for (p, e) in dirs {
+        dirs
+    }
+}
+
+async fn finish_dirs(scope: Scope, dirs: DirsToFinish) -> Result<()> {
+    tokio::task::spawn_blocking(move || {
+        for (p, e) in dirs.deepest_first() {
             use std::os::unix::fs::PermissionsExt;
             let ctx = || format!("setting attributes of {}", p.display());
             let f = match scope.open_dir(&p, false) {
@@ -776,4 +794,37 @@ async fn write_target(
         }
     })
     .await?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A directory listed over and over is kept once, as last listed, and deeper
+    /// directories are finished before the ones that hold them.
+    #[test]
+    fn a_directory_listed_again_is_kept_once() {
+        let dir = |path: &str, mtime_ns: i64| Entry {
+            id: 0,
+            path: path.into(),
+            mode: 0o755,
+            mtime_ns,
+            kind: EntryKind::Dir,
+        };
+        let mut dirs = DirsToFinish::default();
+        dirs.add("/d/a".into(), dir("a", 1));
+        for t in 0..1000 {
+            dirs.add("/d/a/b".into(), dir("a/b", t));
+        }
+        let finished: Vec<(PathBuf, i64)> = dirs
+            .deepest_first()
+            .into_iter()
+            .map(|(p, e)| (p, e.mtime_ns))
+            .collect();
+        assert_eq!(
+            finished,
+            [("/d/a/b".into(), 999), ("/d/a".into(), 1)],
+            "one entry each, the deepest first"
+        );
+    }
 }
