@@ -679,6 +679,11 @@ fn bad_input_gets_a_clear_one_line_error() {
         args.extend_from_slice(&[f, "127.0.0.1:x"]);
         usage_error(&args, &format!("'--ssh' cannot be used with '{}", flag[0]));
     }
+    // A token on standard input is for the one-shot server only.
+    usage_error(
+        &["serve", "--token-stdin", "--root", "."],
+        "required arguments were not provided:\n  --stdio",
+    );
     // A server's block memory holds at least one default block.
     refused_as_usage(
         &["serve", "--no-auth", "--root", ".", "--block-memory", "1M"],

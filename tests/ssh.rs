@@ -91,6 +91,8 @@ impl Sshd {
 
     /// `hsxfer copy --ssh ...ARGS` on the sender host.
     fn copy(&self, net: &Dumbbell, remote_bin: &str, args: &[&str]) -> Command {
+        // The client's secret for its ssh tokens goes to a directory of the test's own.
+        common::isolate_profiles();
         let mut c = net.command("s", BIN);
         c.args(["copy", "--ssh", "--ssh-command", &self.ssh_command()])
             .args(["--remote-hsxfer", remote_bin])
@@ -236,8 +238,11 @@ fn a_tree_goes_both_ways_over_ssh_and_nothing_stays_running() {
     );
 }
 
+/// A client killed in the middle of a push: its one-shot server ends too, and the same copy
+/// run again resumes what arrived (the client hands both servers the same token, under
+/// whose key the journaled blocks are checked).
 #[test]
-fn a_killed_client_leaves_no_server_behind() {
+fn a_killed_client_leaves_no_server_behind_and_its_copy_resumes() {
     if !root_or_skip("ssh") {
         return;
     }
@@ -257,15 +262,12 @@ fn a_killed_client_leaves_no_server_behind() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    // Wait until the one-shot server runs and data arrives, then kill the client (SIGKILL:
-    // no clean-up of its own).
+    // Wait until the one-shot server runs and has journaled a block (a 28-byte header and
+    // 44-byte records), then kill the client (SIGKILL: no clean-up of its own).
+    let journal = remote.join(".f.hsxfer-journal");
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !fs::read_dir(&remote).unwrap().any(|e| {
-        e.ok()
-            .and_then(|e| e.metadata().ok())
-            .is_some_and(|m| m.len() > 0)
-    }) {
-        assert!(Instant::now() < deadline, "no data arrived");
+    while fs::metadata(&journal).map_or(0, |m| m.len()) < 28 + 44 {
+        assert!(Instant::now() < deadline, "no block arrived");
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(one_shot_servers(&net).len(), 1, "the server runs");
@@ -280,4 +282,19 @@ fn a_killed_client_leaves_no_server_behind() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    let out = sshd
+        .copy(&net, BIN, &["--json", file.to_str().unwrap(), &dest])
+        .output()
+        .unwrap();
+    ok(&out);
+    let summary: serde_json::Value = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|e| e["type"] == "summary")
+        .expect("a summary event");
+    assert!(
+        summary["bytes_resumed"].as_u64().unwrap_or(0) > 0,
+        "nothing resumed: {summary}"
+    );
+    assert!(fs::read(remote.join("f")).unwrap() == fs::read(&file).unwrap());
 }

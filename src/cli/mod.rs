@@ -212,11 +212,16 @@ struct ServeArgs {
     /// Exit when the first session that moves files (a push or a pull) ends.
     #[arg(long)]
     once: bool,
-    /// One-shot server for `copy --ssh`: make a one-time token, print the port and the token
+    /// One-shot server for `copy --ssh`: make a one-time token (or take one with
+    /// --token-stdin), print the port and the token
     /// on standard output, serve one copy (implies --once) and exit, or exit as soon as
     /// standard input closes.
     #[arg(long, conflicts_with_all = ["token_file", "no_auth"])]
     stdio: bool,
+    /// With --stdio, take the token from the first line of standard input instead of making
+    /// one (what `copy --ssh` does, so that an interrupted copy resumes).
+    #[arg(long, requires = "stdio")]
+    token_stdin: bool,
     /// Listen with Multipath TCP, so `--mptcp` clients move data over MPTCP (plain TCP clients
     /// are served as before). As root, with a specific --listen address, the 8 ports after
     /// --port are announced to clients for extra subflows (removed again at exit).
@@ -648,7 +653,10 @@ async fn stop_signal() -> Signal {
 async fn serve(a: ServeArgs) -> anyhow::Result<bool> {
     let root = a.root.clone().unwrap_or_else(|| PathBuf::from("."));
     let (auth, announce) = if a.stdio {
-        let token = hsxfer::session::token::one_time();
+        let token = match a.token_stdin {
+            true => token_from_stdin()?,
+            false => hsxfer::session::token::one_time(),
+        };
         (Auth::Token(token.clone().into_bytes()), Some(token))
     } else {
         (a.auth.auth()?, None)
@@ -737,6 +745,23 @@ async fn serve(a: ServeArgs) -> anyhow::Result<bool> {
     Ok(true)
 }
 
+/// `serve --stdio --token-stdin`: the token on the first line of standard input.
+fn token_from_stdin() -> anyhow::Result<String> {
+    let mut line = String::new();
+    std::io::stdin()
+        .read_line(&mut line)
+        .context("reading the token from standard input")?;
+    let token = line.trim();
+    if token.len() < hsxfer::session::token::MIN_TOKEN_CHARS {
+        bail!(
+            "--token-stdin: the first line of standard input must be a token of at least {} \
+             characters",
+            hsxfer::session::token::MIN_TOKEN_CHARS
+        );
+    }
+    Ok(token.to_string())
+}
+
 /// The address an SSH client reached this host on (`SSH_CONNECTION`'s third field): where
 /// a one-shot server listens, so its client can reach it the same way.
 fn ssh_server_address() -> Option<IpAddr> {
@@ -758,6 +783,7 @@ async fn copy(a: CopyArgs) -> anyhow::Result<bool> {
     let remote = if a.ssh {
         let root = operands::ssh_root(&mut dir).map_err(anyhow::Error::msg)?;
         let launch = SshLaunch {
+            token: Some(hsxfer::session::token::for_ssh(&target, root)?),
             command: a.ssh_command.split_whitespace().map(String::from).collect(),
             remote_hsxfer: a.remote_hsxfer.clone(),
             listen: a.remote_listen,

@@ -1,6 +1,7 @@
 //! Starting a server over SSH, with no daemon: `ssh [USER@]HOST hsxfer serve --once --stdio`
-//! runs a one-shot server as the remote user, which announces its port and a one-time token
-//! on the SSH channel ([`crate::channels::oneshot`]). The client then opens the control
+//! runs a one-shot server as the remote user, which announces its port and its token on the
+//! SSH channel ([`crate::channels::oneshot`]): a one-time token, or the one the client hands
+//! it there (`--token-stdin`, so that an interrupted copy resumes). The client then opens the control
 //! connection and the data channels directly to that port, as bbcp and EScp do. The server
 //! ends with its session, or as soon as the SSH channel closes.
 
@@ -8,7 +9,7 @@ use std::net::IpAddr;
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 
 use super::Auth;
@@ -36,6 +37,10 @@ pub struct SshLaunch {
     pub listen: Option<IpAddr>,
     /// Its port (default: any free one), for a firewall that opens only some.
     pub port: Option<u16>,
+    /// The token the server is to use, handed over on the SSH channel, instead of a
+    /// one-time one it makes: the same token from copy to copy lets an interrupted copy
+    /// resume (see [`super::token::for_ssh`]).
+    pub token: Option<String>,
 }
 
 impl Default for SshLaunch {
@@ -45,6 +50,7 @@ impl Default for SshLaunch {
             remote_hsxfer: "hsxfer".into(),
             listen: None,
             port: None,
+            token: None,
         }
     }
 }
@@ -93,6 +99,9 @@ impl SshLaunch {
         if let Some(p) = self.port {
             words.extend(["--port".into(), p.to_string()]);
         }
+        if self.token.is_some() {
+            words.push("--token-stdin".into());
+        }
         // ssh joins the remote command's words with spaces for the remote shell: quote each.
         let remote = std::iter::once(&self.remote_hsxfer)
             .chain(&words)
@@ -109,6 +118,12 @@ impl SshLaunch {
             .kill_on_drop(true)
             .spawn()
             .map_err(Error::io(format!("running {program}")))?;
+        if let Some(t) = &self.token {
+            // Through the SSH channel: never on a command line, where `ps` would show it. An
+            // ssh that already failed is reported below, with its exit status.
+            let stdin = child.stdin.as_mut().expect("piped stdin");
+            let _ = stdin.write_all(format!("{t}\n").as_bytes()).await;
+        }
         let stdout = child.stdout.take().expect("piped stdout");
         let read = async {
             let mut lines = BufReader::new(stdout).lines();

@@ -44,6 +44,35 @@ pub fn one_time() -> String {
     hex::encode(rand::random::<[u8; NEW_TOKEN_BYTES]>())
 }
 
+/// The secret in hsxfer's configuration directory that `copy --ssh` derives its tokens from.
+const SSH_SECRET: &str = "ssh-secret";
+
+/// The token `copy --ssh` hands the one-shot server it starts on `target` (`[USER@]HOST`)
+/// serving `root` (`serve --stdio --token-stdin`): derived from a secret in hsxfer's
+/// configuration directory (`ssh-secret`, made on first use, readable by its owner only),
+/// so it is the same from copy to copy. Blocks are checked under a key derived from the
+/// token, and a part file's journaled blocks are trusted only under the key they were
+/// written with: with a new token each time, an interrupted copy could never resume.
+pub fn for_ssh(target: &str, root: &str) -> Result<String> {
+    let dir = crate::transport::tls::config_dir().ok_or_else(|| {
+        Error::Usage("no place for copy --ssh's secret: set HOME or XDG_CONFIG_HOME".into())
+    })?;
+    let path = dir.join(SSH_SECRET);
+    if !path.exists() {
+        fs::create_dir_all(&dir).map_err(Error::io(format!("creating {}", dir.display())))?;
+        // Another copy may have made it meanwhile: then it is read as made.
+        if let Err(e) = new(&path) {
+            if !path.exists() {
+                return Err(e);
+            }
+        }
+    }
+    let secret = read(&path)?;
+    let key = blake3::derive_key("hsxfer copy --ssh token v1", &secret);
+    let token = blake3::keyed_hash(&key, format!("{target}\0{root}").as_bytes());
+    Ok(token.to_hex().to_string())
+}
+
 /// Writes a new random token to `path` (which must not exist), readable by its owner only.
 ///
 /// # Examples

@@ -243,7 +243,7 @@ pub fn default_key_path() -> Option<PathBuf> {
 }
 
 /// hsxfer's configuration directory: `$XDG_CONFIG_HOME/hsxfer`, else `~/.config/hsxfer`.
-pub(super) fn config_dir() -> Option<PathBuf> {
+pub(crate) fn config_dir() -> Option<PathBuf> {
     let base = std::env::var_os("XDG_CONFIG_HOME")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)

@@ -22,6 +22,7 @@ use rustls::crypto::CryptoProvider;
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 
+pub(crate) use identity::config_dir;
 pub use identity::{default_key_path, BadFingerprint, Fingerprint, IdentityError, ServerIdentity};
 pub use known::{Known, KnownServers};
 pub use stream::{ReadPart, Stream, WritePart};
