@@ -995,14 +995,7 @@ mod tests {
             "two long names that begin alike"
         );
         let target = t.path().join(&long);
-        let Prepared::Write { file, .. } =
-            prepare(&Scope::Local, &target, meta(10), 4, &KEY).unwrap()
-        else {
-            panic!("a new file is written")
-        };
-        file.write_block(0, b"abcd").unwrap();
-        file.record(0, &digest(b"abcd")).unwrap();
-        drop(file);
+        interrupted_after_its_first_block(&target);
         let Prepared::Write { file, have } =
             prepare(&Scope::Local, &target, meta(10), 4, &KEY).unwrap()
         else {
@@ -1028,14 +1021,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         as_nobody_if_root(t.path(), || {
             let target = t.path().join("f");
-            let Prepared::Write { file, .. } =
-                prepare(&Scope::Local, &target, meta(10), 4, &KEY).unwrap()
-            else {
-                panic!("a new file is written")
-            };
-            file.write_block(0, b"abcd").unwrap();
-            file.record(0, &digest(b"abcd")).unwrap();
-            drop(file);
+            interrupted_after_its_first_block(&target);
             let part = target.with_file_name(sibling_name("f", PART_SUFFIX));
             fs::set_permissions(&part, Permissions::from_mode(0o444)).unwrap();
             let Prepared::Write { have, .. } =
@@ -1045,6 +1031,18 @@ mod tests {
             };
             assert_eq!(have, vec![(0, digest(b"abcd"))]);
         });
+    }
+
+    /// A new 10-byte file at `target` whose transfer ended after its first block (4 bytes,
+    /// journaled).
+    fn interrupted_after_its_first_block(target: &Path) {
+        let Prepared::Write { file, .. } =
+            prepare(&Scope::Local, target, meta(10), 4, &KEY).unwrap()
+        else {
+            panic!("a new file is written")
+        };
+        file.write_block(0, b"abcd").unwrap();
+        file.record(0, &digest(b"abcd")).unwrap();
     }
 
     /// Runs `f` on a thread whose file accesses are those of nobody (uid 65534), made owner
