@@ -130,6 +130,48 @@ async fn trees_with_empty_dirs_and_a_thousand_small_files() {
     );
 }
 
+/// Empty directories arrive both ways: a tree of nothing but directories, and one whose
+/// files come before many empty directories (pieces of the manifest with no file in them,
+/// which wait for nothing), also into a destination that holds part of the tree already.
+#[tokio::test]
+async fn empty_directories_arrive_both_ways() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let back = tempfile::tempdir().unwrap();
+    let skel = src.path().join("skel");
+    fs::create_dir_all(skel.join("x/y")).unwrap();
+    fs::create_dir_all(skel.join("z")).unwrap();
+    let tree = src.path().join("tree");
+    fs::create_dir_all(tree.join("a")).unwrap();
+    for i in 0..1100 {
+        fs::write(tree.join(format!("a/f{i}")), [i as u8]).unwrap();
+    }
+    for i in 0..600 {
+        fs::create_dir_all(tree.join(format!("e/{i}"))).unwrap();
+    }
+    let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
+    for name in ["skel", "tree"] {
+        let r = client(addr, 4)
+            .push(&[src.path().join(name)], true, name, &live(4))
+            .await
+            .unwrap();
+        assert!(r.verified);
+        assert_eq!(
+            snapshot(&src.path().join(name)),
+            snapshot(&root.path().join(name))
+        );
+        // Into a destination that has part of the tree: the pull plans every piece.
+        let into = back.path().join(name);
+        fs::create_dir_all(into.join(name)).unwrap();
+        let r = client(addr, 4)
+            .pull(&[name.into()], true, into.to_str().unwrap(), &live(4))
+            .await
+            .unwrap();
+        assert!(r.verified);
+        assert_eq!(snapshot(&src.path().join(name)), snapshot(&into.join(name)));
+    }
+}
+
 #[tokio::test]
 async fn files_already_complete_are_skipped() {
     let src = tempfile::tempdir().unwrap();

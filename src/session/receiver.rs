@@ -231,8 +231,17 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                                     .await?;
                                 completion.planned(planned_now, planned_now);
                                 let most = self.budget.as_ref().map_or(u32::MAX, FileBudget::capacity);
-                                let rest = files as u64 - planned_now;
-                                queue_in_parts(&mut waiting, later, rest, most.into());
+                                match files as u64 - planned_now {
+                                    // Directories alone take no room in the budget, and
+                                    // nothing waits for their plan: made now, as the session
+                                    // may end before a queued piece's turn.
+                                    0 if !later.is_empty() => {
+                                        self.plan(shared, work, later, &mut dirs, &mut out, None)
+                                            .await?;
+                                    }
+                                    0 => {}
+                                    rest => queue_in_parts(&mut waiting, later, rest, most.into()),
+                                }
                             }
                             Message::Sealed { file, digests, more } => {
                                 let v = lock(shared).tracker.on_sealed(file, digests, more)?;
