@@ -172,6 +172,24 @@ async fn empty_directories_arrive_both_ways() {
     }
 }
 
+/// A push learns whether its directories could be made: the server's word that it is
+/// finished comes after them, so a tree of nothing but directories that the server refuses
+/// (a file stands where a directory goes) fails the copy instead of reporting success.
+#[tokio::test]
+async fn a_push_fails_when_its_directories_cannot_be_made() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    fs::create_dir_all(src.path().join("skel/x/y")).unwrap();
+    fs::write(root.path().join("skel"), b"a file").unwrap();
+    let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
+    let e = client(addr, 2)
+        .push(&[src.path().join("skel")], true, "skel", &live(2))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("another kind"), "{e}");
+}
+
 #[tokio::test]
 async fn files_already_complete_are_skipped() {
     let src = tempfile::tempdir().unwrap();

@@ -21,8 +21,10 @@ pub const MAX_CONTROL_FRAME: u32 = 16 << 20;
 /// Version 6: data channels may join as soon as the session has authenticated, before its
 /// request (a server of version 5 refuses such joins). Version 7: a pull may let the server
 /// send its first files before their plans ([`Operation::Pull`]'s `unplanned_files`), which
-/// a server of version 6 would wait for.
-pub const PROTOCOL_VERSION: u32 = 7;
+/// a server of version 6 would wait for. Version 8: the receiver ends with
+/// [`Message::Finished`] once its directories are made too, and the sender waits for it (a
+/// receiver of version 7 never sends it).
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// Bytes of the MAC after every control frame.
 pub const TAG_LEN: usize = 16;
@@ -107,6 +109,10 @@ pub enum Message {
         /// File identifier.
         file: u32,
     },
+    /// Receiver → sender, last: every file is committed and every directory made, with its
+    /// mode and time. The sender ends only then, so that a copy's success covers its
+    /// directories too (a tree of empty directories has no file to wait for).
+    Finished,
     /// Sender → receiver, in a timed bench: its time is up. Blocks not yet delivered and
     /// files not yet done are abandoned (generated data is discarded anyway), so the bench
     /// ends on time however much its sockets still hold. The receiver stops reading its data
@@ -143,6 +149,7 @@ impl Message {
             Message::Sealed { .. } => "block digests",
             Message::Nack { .. } => "a block resend request",
             Message::FileDone { .. } => "a file's completion",
+            Message::Finished => "the end of the receiver's work",
             Message::TimeUp => "the end of a timed bench",
             Message::Halted { .. } => "the answer to the end of a timed bench",
             Message::Abort { .. } => "an abort",
@@ -562,6 +569,7 @@ mod tests {
             Message::AddChannels { count: 2 },
             Message::OpenChannels { first: 4, count: 2 },
             Message::FileDone { file: 1 },
+            Message::Finished,
             Message::TimeUp,
             Message::Halted {
                 received: vec![1, 2],

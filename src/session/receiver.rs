@@ -331,6 +331,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
             Sink::Discard => Scope::Local,
         };
         finish_dirs(scope, dirs).await?;
+        self.ctrl_w.send(&Message::Finished).await?;
         out.verified = true;
         Ok(out)
     }

@@ -228,6 +228,8 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
         let period = self.forward_telemetry.unwrap_or(Duration::from_secs(3600));
         let mut report = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         let time_up = self.source.time_up_at().map(tokio::time::Instant::from_std);
+        // The receiver's word that its files and directories are all in place.
+        let mut receiver_finished = false;
         loop {
             for piece in announced.take_ready(&mut self.source, &self.live) {
                 self.ctrl_w.send(&piece).await?;
@@ -236,7 +238,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                 let _ = jobs.send(j).await;
             }
             let planner = &mut announced.planner;
-            if planner.finished() {
+            if receiver_finished {
                 break;
             }
             tokio::select! {
@@ -270,6 +272,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                         done += 1;
                         self.live.file_done();
                     }
+                    Message::Finished if planner.finished() => receiver_finished = true,
                     Message::OpenChannels { first, count } => match &self.growth {
                         Some(g) => g.connect(first, count),
                         None => return Err(Violation("unasked OpenChannels".into()).into()),
