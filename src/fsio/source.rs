@@ -34,6 +34,16 @@ pub enum SourceError {
     /// A name hsxfer uses for its own temporary files.
     #[error("{0}: names ending in .hsxfer-part or .hsxfer-journal are hsxfer's temporary files (left by an interrupted transfer?): remove or rename it")]
     Reserved(String),
+    /// Two different sources with one name: they would land on the same target.
+    #[error("'{first}' and '{second}' would both land as '{name}': copy them one at a time, or to different destinations")]
+    SameName {
+        /// The name they share.
+        name: String,
+        /// The first source of that name.
+        first: String,
+        /// The second.
+        second: String,
+    },
     /// A name that is not UTF-8 (not supported by this protocol version).
     #[error("{0}: the name is not UTF-8, which hsxfer's protocol needs: rename it (the `convmv` tool renames a whole tree named in Latin-1) and copy again")]
     NotUtf8(String),
@@ -99,12 +109,29 @@ impl SourceTree {
     /// parent's, so a directory swapped for a symlink while it runs cannot lead it elsewhere.
     pub fn walk(scope: &Scope, sources: &[PathBuf], recursive: bool) -> Result<Self, SourceError> {
         let mut tree = SourceTree::default();
+        // Each top-level name, with the source that has it and that source's file identity.
+        let mut names: HashMap<String, (&PathBuf, (u64, u64))> = HashMap::new();
         for src in sources {
             let f = scope.open(src).map_err(io_err(src))?;
             let st = at::fstat(&f).map_err(io_err(src))?;
             let name = top_level_name(src)?;
             if is_reserved_name(&name) {
                 return Err(SourceError::Reserved(src.display().to_string()));
+            }
+            let identity = (st.st_dev as u64, st.st_ino as u64);
+            match names.get(&name) {
+                // The same file or directory named twice goes once.
+                Some((_, seen)) if *seen == identity => continue,
+                Some((first, _)) => {
+                    return Err(SourceError::SameName {
+                        name,
+                        first: first.display().to_string(),
+                        second: src.display().to_string(),
+                    })
+                }
+                None => {
+                    names.insert(name.clone(), (src, identity));
+                }
             }
             if at::is_dir(&st) && !recursive {
                 return Err(SourceError::IsDirectory(src.display().to_string()));
@@ -294,6 +321,31 @@ pub fn read_block(src: &SourceFile, offset: u64, len: u32, buf: &mut Vec<u8>) ->
 mod tests {
     use super::*;
     use std::fs;
+
+    /// Sources that would land on one target: the same one named twice goes once, two
+    /// different ones with one name are refused before anything moves.
+    #[test]
+    fn sources_that_share_a_name_are_refused_unless_they_are_one() {
+        let t = tempfile::tempdir().unwrap();
+        fs::create_dir_all(t.path().join("a")).unwrap();
+        fs::create_dir_all(t.path().join("b")).unwrap();
+        fs::write(t.path().join("a/x"), b"1").unwrap();
+        fs::write(t.path().join("b/x"), b"2").unwrap();
+        let (ax, bx) = (t.path().join("a/x"), t.path().join("b/x"));
+        let twice = SourceTree::walk(
+            &Scope::Local,
+            &[ax.clone(), t.path().join("a/../a/x")],
+            false,
+        )
+        .unwrap();
+        assert_eq!(twice.entries.len(), 1);
+        let e = SourceTree::walk(&Scope::Local, &[ax, bx], false).unwrap_err();
+        assert!(
+            matches!(&e, SourceError::SameName { name, .. } if name == "x"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("one at a time"), "{e}");
+    }
 
     #[test]
     fn the_note_names_the_first_five_passed_over_and_counts_the_rest() {

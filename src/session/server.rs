@@ -2,7 +2,7 @@
 //! session; sessions are confined to the server's root and independent of each other (a
 //! malformed or hostile connection ends only itself).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -813,14 +813,12 @@ async fn prepare_role(state: &State, req: &Request) -> Result<(Role, Option<Stri
         Operation::Pull {
             sources, recursive, ..
         } => {
-            let (mut paths, mut seen) = (Vec::with_capacity(sources.len()), HashSet::new());
-            for s in sources {
-                let p = state.scope.resolve(s)?;
-                // The same source named twice would be sent, and written, twice.
-                if seen.insert(p.clone()) {
-                    paths.push(p);
-                }
-            }
+            // The same source named twice goes once, and two with one name are refused
+            // (`SourceTree::walk`).
+            let paths = sources
+                .iter()
+                .map(|s| state.scope.resolve(s))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
             let (recursive, scope) = (*recursive, state.scope.clone());
             let tree =
                 tokio::task::spawn_blocking(move || SourceTree::walk(&scope, &paths, recursive))
