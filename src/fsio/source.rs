@@ -276,9 +276,10 @@ fn top_level_name(src: &Path) -> Result<String, SourceError> {
 /// per channel avoids faulting in fresh memory for every block), directly from the disk
 /// where a large file's block is not cached ([`read_uncached`]). A short read means the file
 /// shrank after it was listed; a file that is no longer the one listed (another device or
-/// inode under its name) is refused, and so is one modified since it was listed: its blocks
-/// would not be one version of it, and every block is checked, so a file sent without error
-/// was not written to before its last block was read.
+/// inode under its name) is refused, and so is one modified since it was listed (looked at
+/// before and after each read): its blocks would not be one version of it, and every block
+/// is checked, so a file sent without error was not written to before its last block was
+/// read.
 pub fn read_block(src: &SourceFile, offset: u64, len: u32, buf: &mut Vec<u8>) -> io::Result<()> {
     let nofollow = if src.follow { 0 } else { libc::O_NOFOLLOW };
     let f = OpenOptions::new()
@@ -292,12 +293,16 @@ pub fn read_block(src: &SourceFile, offset: u64, len: u32, buf: &mut Vec<u8>) ->
             src.path.display()
         )));
     }
-    if at::mtime_ns(&st) != src.mtime_ns {
-        return Err(io::Error::other(format!(
+    let unmodified = |st: &FileStat| {
+        if at::mtime_ns(st) == src.mtime_ns {
+            return Ok(());
+        }
+        Err(io::Error::other(format!(
             "{} was modified while it was being sent: copy again once nothing writes to it",
             src.path.display()
-        )));
-    }
+        )))
+    };
+    unmodified(&st)?;
     buf.resize(len as usize, 0);
     let direct = if st.st_size as u64 >= DIRECT_MIN_BYTES {
         read_uncached(&f, offset, buf)?
@@ -314,7 +319,10 @@ pub fn read_block(src: &SourceFile, offset: u64, len: u32, buf: &mut Vec<u8>) ->
             } else {
                 e
             }
-        })
+        })?;
+    // Once more after the read: a write that landed between the first look and the read
+    // (the time changes as a write begins) would otherwise go out as this version's bytes.
+    unmodified(&at::fstat(&f)?)
 }
 
 #[cfg(test)]
