@@ -248,10 +248,10 @@ impl Client {
         let setup: Setup = Box::new(move |i, s| {
             let opts = plan.for_channel(i);
             enforce_congestion(s, i, &opts, "client")?;
-            sampler.attach(i, s)?;
+            // The setup's row first: attaching applies the tuner's cap, and records it there.
             l.telemetry
                 .set_setup(read_setup(s, i, &opts, Duration::ZERO)?);
-            Ok(())
+            sampler.attach(i, s)
         });
         let growth = o.growth(setup, side.requests);
         let out = SendEngine {
