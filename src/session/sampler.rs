@@ -46,6 +46,8 @@ struct Online {
     /// What the tuner wants on channels that may not be open yet: pacing, congestion control.
     pace: Vec<Option<Option<u64>>>,
     cc: Vec<Option<String>>,
+    /// Decisions already in the telemetry's copy of the tuner's report.
+    reported: usize,
 }
 
 struct Shared {
@@ -113,6 +115,7 @@ impl Sampler {
                 estimator: PathEstimator::new(),
                 pace: Vec::new(),
                 cc: Vec::new(),
+                reported: 0,
             })),
             live,
         });
@@ -214,9 +217,16 @@ fn run(s: &Shared) {
             // The tuner paces and counts connections: an MPTCP connection is one channel.
             let tick = o.estimator.observe(t, &per_channel(&rows, channels));
             let actions = o.ctl.tuner.on_tick(&o.estimator, &tick);
-            if !actions.is_empty() {
+            let acted = !actions.is_empty();
+            if acted {
                 tracing::debug!("tuner at {t:.3} s: {actions:?}");
                 carry_out(s, o, actions, &mut placed);
+            }
+            // A decision may come with no action (a verdict that the count stays): the
+            // report a pulling client gets is this copy, so it must have every decision.
+            let decisions = o.ctl.tuner.report().decisions.len();
+            if acted || decisions != o.reported {
+                o.reported = decisions;
                 s.live.telemetry.set_tuner(o.ctl.tuner.report().clone());
             }
         }
