@@ -637,9 +637,6 @@ async fn close_unfinished(
     held
 }
 
-/// Applies directory modes and mtimes after their contents are in place, deepest first,
-/// through each directory opened `O_NOFOLLOW` (below the root, when confined): a directory
-/// swapped for a symlink is passed over, never changed through the link.
 /// The directories a transfer created or reached, whose modes and times are set at its end.
 /// One listed again (a peer may repeat entries) replaces its first listing: it costs no
 /// more memory.
@@ -659,6 +656,9 @@ impl DirsToFinish {
     }
 }
 
+/// Applies directory modes and mtimes after their contents are in place, deepest first,
+/// through each directory opened `O_NOFOLLOW` (below the root, when confined): a directory
+/// swapped for a symlink is passed over, never changed through the link.
 async fn finish_dirs(scope: Scope, dirs: DirsToFinish) -> Result<()> {
     tokio::task::spawn_blocking(move || {
         for (p, e) in dirs.deepest_first() {

@@ -1,9 +1,9 @@
 //! Starting a server over SSH, with no daemon: `ssh [USER@]HOST hsxfer serve --once --stdio`
 //! runs a one-shot server as the remote user, which announces its port and its token on the
 //! SSH channel ([`crate::channels::oneshot`]): a one-time token, or the one the client hands
-//! it there (`--token-stdin`, so that an interrupted copy resumes). The client then opens the control
-//! connection and the data channels directly to that port, as bbcp and EScp do. The server
-//! ends with its session, or as soon as the SSH channel closes.
+//! it there (`--token-stdin`, so that an interrupted copy resumes). The client then opens
+//! the control connection and the data channels directly to that port, as bbcp and EScp do.
+//! The server ends with its session, or as soon as the SSH channel closes.
 
 use std::net::IpAddr;
 use std::process::Stdio;
