@@ -111,6 +111,7 @@ mod tests {
                         "\"serve\", \"--once\"",
                         "\"--listen\"",
                         "\"--port\"",
+                        "\"--token-stdin\"",
                         "\"-n ",
                         "\" --rate ",
                         "\" --pace off\"",

@@ -981,9 +981,10 @@ mod tests {
     #[test]
     fn a_name_of_255_bytes_is_received_resumed_and_committed() {
         let t = tempfile::tempdir().unwrap();
-        // 85 three-byte characters: 255 bytes, cut inside a character for its siblings.
-        let long = "\u{6587}".repeat(85);
-        let other = format!("{}x", "\u{6587}".repeat(84));
+        // 63 four-byte characters and 3 more bytes: 255 bytes, cut for its siblings inside
+        // a character (at byte 222 or 225).
+        let long = format!("{}abc", "\u{1F600}".repeat(63));
+        let other = format!("{}abd", "\u{1F600}".repeat(63));
         for name in [&long, &other] {
             let part = sibling_name(name, PART_SUFFIX);
             assert!(part.len() <= NAME_MAX && is_reserved_name(&part), "{part}");

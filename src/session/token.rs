@@ -55,7 +55,9 @@ const SSH_SECRET: &str = "ssh-secret";
 /// written with: with a new token each time, an interrupted copy could never resume.
 pub fn for_ssh(target: &str, root: &str) -> Result<String> {
     let dir = crate::transport::tls::config_dir().ok_or_else(|| {
-        Error::Usage("no place for copy --ssh's secret: set HOME or XDG_CONFIG_HOME".into())
+        Error::Usage(
+            "no place for the secret of copies over SSH: set HOME or XDG_CONFIG_HOME".into(),
+        )
     })?;
     let path = dir.join(SSH_SECRET);
     if !path.exists() {
@@ -68,7 +70,7 @@ pub fn for_ssh(target: &str, root: &str) -> Result<String> {
         }
     }
     let secret = read(&path)?;
-    let key = blake3::derive_key("hsxfer copy --ssh token v1", &secret);
+    let key = blake3::derive_key("hsxfer one-shot server token v1", &secret);
     let token = blake3::keyed_hash(&key, format!("{target}\0{root}").as_bytes());
     Ok(token.to_hex().to_string())
 }
