@@ -4,6 +4,7 @@ import _thread
 import hashlib
 import os
 import secrets
+import signal
 import threading
 import time
 
@@ -180,12 +181,18 @@ def test_ctrl_c_stops_a_copy_whose_progress_comes_rarely(served, tmp_path):
     """Ctrl-C stops a copy at once even when its progress is asked for every ten minutes."""
     server, root, token = served
     random_file(tmp_path / "big", 64 << 20)
-    threading.Timer(0.5, _thread.interrupt_main).start()
-    with pytest.raises(KeyboardInterrupt):
-        # 2 channels paced at 64 Mbit/s each: about 4 s for the whole file.
-        hsxfer.push([str(tmp_path / "big")], remote(server, "big"), channels=2,
-                    pace=64_000_000, tune="off", port=server.port, token_file=token,
-                    progress=lambda p: None, interval=600)
+    # A process started in the background (as CI may start it) ignores SIGINT, and then
+    # interrupt_main does nothing: Ctrl-C's handler is put in place for this test.
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Timer(0.5, _thread.interrupt_main).start()
+        with pytest.raises(KeyboardInterrupt):
+            # 2 channels paced at 64 Mbit/s each: about 4 s for the whole file.
+            hsxfer.push([str(tmp_path / "big")], remote(server, "big"), channels=2,
+                        pace=64_000_000, tune="off", port=server.port, token_file=token,
+                        progress=lambda p: None, interval=600)
+    finally:
+        signal.signal(signal.SIGINT, before)
     # Had the interrupt waited for the copy's end, the file would be there.
     assert not (root / "big").exists()
 
