@@ -172,6 +172,54 @@ async fn empty_directories_arrive_both_ways() {
     }
 }
 
+/// A channel whose staggered start is still ahead when everything has been sent ends at once:
+/// a small copy does not wait for the last channel's start (with 20 s steps, channel 1 of 4
+/// would start 20 s in, channel 3 at 60 s).
+#[tokio::test]
+async fn a_small_copy_does_not_wait_for_staggered_starts() {
+    use hsxfer::tuning::desync::StaggerChoice;
+    use std::time::{Duration, Instant};
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let back = tempfile::tempdir().unwrap();
+    fs::write(src.path().join("small"), b"a few bytes").unwrap();
+    let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
+    isolate_profiles();
+    let staggered = || {
+        hsxfer::Client::new(
+            "127.0.0.1",
+            hsxfer::TransferOptions {
+                channels: 4,
+                port: addr.port(),
+                stagger: StaggerChoice::Fixed(Duration::from_secs(20)),
+                ..Default::default()
+            },
+        )
+    };
+    let began = Instant::now();
+    let r = staggered()
+        .push(&[src.path().join("small")], false, "small", &live(4))
+        .await
+        .unwrap();
+    assert!(r.verified);
+    let r = staggered()
+        .pull(
+            &["small".into()],
+            false,
+            back.path().to_str().unwrap(),
+            &live(4),
+        )
+        .await
+        .unwrap();
+    assert!(r.verified);
+    assert_eq!(fs::read(back.path().join("small")).unwrap(), b"a few bytes");
+    let took = began.elapsed();
+    assert!(
+        took < Duration::from_secs(20),
+        "push and pull took {took:?}"
+    );
+}
+
 /// A push learns whether its directories could be made: the server's word that it is
 /// finished comes after them, so a tree of nothing but directories that the server refuses
 /// (a file stands where a directory goes) fails the copy instead of reporting success.

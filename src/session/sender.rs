@@ -157,6 +157,9 @@ struct Crew {
     hashed: mpsc::UnboundedSender<Hashed>,
     sent_blocks: Arc<AtomicU64>,
     work: FileWork,
+    /// Turns true when no block is left to send: a channel whose staggered start is still
+    /// ahead then ends at once instead of holding the session's end until its start.
+    ended: watch::Receiver<bool>,
 }
 
 impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
@@ -164,6 +167,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
         ChannelSender {
             index,
             start_at: tokio::time::Instant::now(),
+            ended: crew.ended.clone(),
             gate: self.gate.as_ref().map(|g| g.subscribe()),
             stream,
             jobs: crew.jobs.clone(),
@@ -182,11 +186,13 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
     pub async fn run(mut self) -> Result<SideOutcome> {
         let (jobs_tx, jobs_rx) = async_channel::unbounded();
         let (hashed_tx, hashed_rx) = mpsc::unbounded_channel();
+        let (ended_tx, ended_rx) = watch::channel(false);
         let crew = Crew {
             jobs: jobs_rx,
             hashed: hashed_tx,
             sent_blocks: Arc::new(AtomicU64::new(0)),
             work: FileWork::per_core(),
+            ended: ended_rx,
         };
         let mut tasks = JoinSet::new();
         let began = tokio::time::Instant::now();
@@ -205,6 +211,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
         // Closing the queue (and letting the channels held go) lets the channel tasks finish
         // and shut their streams down.
         jobs_tx.close();
+        ended_tx.send_replace(true);
         if let Some(g) = &self.gate {
             g.send_replace(u16::MAX);
         }
@@ -366,6 +373,7 @@ async fn sleep_until_some(at: Option<tokio::time::Instant>) {
 struct ChannelSender {
     index: usize,
     start_at: tokio::time::Instant,
+    ended: watch::Receiver<bool>,
     gate: Option<watch::Receiver<u16>>,
     stream: Stream,
     jobs: async_channel::Receiver<Job>,
@@ -405,9 +413,18 @@ impl ChannelSender {
         }
     }
 
+    /// Waits for this channel's staggered start, or only until the session has nothing
+    /// left to send: then the queue is closed and the channel ends at once.
+    async fn wait_for_start(&mut self) {
+        tokio::select! {
+            _ = tokio::time::sleep_until(self.start_at) => {}
+            _ = self.ended.wait_for(|ended| *ended) => {}
+        }
+    }
+
     async fn run(mut self) -> Result<()> {
         let mut buf = Vec::new();
-        tokio::time::sleep_until(self.start_at).await;
+        self.wait_for_start().await;
         let mut started = false;
         loop {
             self.wait_for_turn().await;
