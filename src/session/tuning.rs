@@ -87,22 +87,40 @@ pub fn host_facts() -> Result<HostFacts> {
 
 /// The online tuner of a transfer's sending side, when the request asks for one.
 pub fn online_tuner(t: &Tuning, channels: u16) -> Option<OnlineTuner> {
-    let o = t.online.as_ref()?;
     let cat = CcCatalog::read().ok();
     let usable = |name: &str| {
         cat.as_ref()
             .is_some_and(|c| c.usable(name, cc::privileged()))
     };
-    let steady_cc = t.cc_of(0).map(str::to_string).or_else(|| {
-        cat.as_ref()
-            .map(|c| policy_cc(o.policy, &c.default, usable))
-    });
-    // Only where the tuner chose the congestion control: a user's choice holds throughout.
-    let capped_cc = match (&steady_cc, t.cc_of(0)) {
-        (Some(steady), None) if o.pace => capped_cc(o.policy, steady, usable),
+    let config = tuner_config(
+        t,
+        channels,
+        usable,
+        cat.as_ref().map(|c| c.default.as_str()),
+    )?;
+    Some(OnlineTuner::new(config))
+}
+
+/// The tuner's configuration for `t` on a host where `usable` says which congestion
+/// controls may be selected and `host_default` is the default one. A congestion control the
+/// request names (the user's `--cc`, or a profile's) holds throughout: the tuner neither caps
+/// it with another nor switches it to BBR on random loss.
+fn tuner_config(
+    t: &Tuning,
+    channels: u16,
+    usable: impl Fn(&str) -> bool,
+    host_default: Option<&str>,
+) -> Option<TunerConfig> {
+    let o = t.online.as_ref()?;
+    let named = t.cc_of(0);
+    let steady_cc = named
+        .map(str::to_string)
+        .or_else(|| host_default.map(|d| policy_cc(o.policy, d, &usable)));
+    let capped_cc = match (&steady_cc, named) {
+        (Some(steady), None) if o.pace => capped_cc(o.policy, steady, &usable),
         _ => None,
     };
-    Some(OnlineTuner::new(TunerConfig {
+    Some(TunerConfig {
         channels,
         max_channels: o.max_channels.max(channels),
         known_rate: o.rate_bps.map(|b| b as f64 / 8.0),
@@ -113,8 +131,8 @@ pub fn online_tuner(t: &Tuning, channels: u16) -> Option<OnlineTuner> {
         steady_cc,
         capped_cc,
         policy: o.policy,
-        bbr_usable: usable("bbr"),
-    }))
+        bbr_usable: named.is_none() && usable("bbr"),
+    })
 }
 
 /// The congestion control a tuned transfer runs when the user chose none: the host default,
@@ -321,9 +339,43 @@ pub fn enforce_congestion(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::channels::control::OnlineTuning;
 
     fn registered(names: &'static [&'static str]) -> impl Fn(&str) -> bool {
         move |name| names.contains(&name)
+    }
+
+    fn tuned(cc: &[&str], policy: Policy) -> Tuning {
+        let mut t = Tuning::kernel_defaults(4);
+        t.cc = cc.iter().map(|c| c.to_string()).collect();
+        t.online = Some(OnlineTuning {
+            max_channels: 8,
+            rate_bps: None,
+            rate_saved: false,
+            pace: true,
+            meter: true,
+            meter_cc: None,
+            policy,
+        });
+        t
+    }
+
+    /// Under `--policy fast` the tuner may switch to BBR on random loss, and cap with BIC,
+    /// only where it chose the congestion control: `--cc htcp --policy fast` stays H-TCP.
+    #[test]
+    fn a_named_congestion_control_is_never_switched_to_bbr_or_capped() {
+        let all = registered(&["reno", "cubic", "bbr", "bic", "htcp"]);
+        let own = tuner_config(&tuned(&[], Policy::Fast), 4, &all, Some("cubic")).unwrap();
+        assert!(own.bbr_usable);
+        assert_eq!(own.steady_cc.as_deref(), Some("cubic"));
+        assert_eq!(own.capped_cc.as_deref(), Some("bic"));
+        let named = tuner_config(&tuned(&["htcp"], Policy::Fast), 4, &all, Some("cubic")).unwrap();
+        assert!(!named.bbr_usable);
+        assert_eq!(named.steady_cc.as_deref(), Some("htcp"));
+        assert_eq!(named.capped_cc, None);
+        let fair = tuner_config(&tuned(&[], Policy::Fair), 4, &all, Some("bbr")).unwrap();
+        assert_eq!(fair.steady_cc.as_deref(), Some("cubic"));
+        assert_eq!(fair.capped_cc, None);
     }
 
     #[test]

@@ -139,7 +139,8 @@ pub struct TunerConfig {
     pub capped_cc: Option<String>,
     /// Which congestion controls the tuner may switch to.
     pub policy: Policy,
-    /// Whether BBR is usable on this host (for [`Policy::Fast`] on a lossy path).
+    /// Whether the tuner may switch to BBR ([`Policy::Fast`] on a lossy path): the host has
+    /// it and the transfer named no congestion control of its own.
     pub bbr_usable: bool,
 }
 
