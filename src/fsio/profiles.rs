@@ -5,6 +5,8 @@
 use std::io::{self, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::tuning::probe::{Direction, PathProfile};
 
@@ -97,6 +99,9 @@ impl ProfileStore {
                 ),
             });
         }
+        if let Some(reason) = p.problem(unix_now()) {
+            return Err(ProfileError::Corrupt { path, reason });
+        }
         Ok(Some(p))
     }
 
@@ -126,10 +131,21 @@ impl ProfileStore {
     }
 }
 
+/// A temporary name beside `path`, unique to this save: saves from two threads of one
+/// process (an embedder's parallel copies to one server) once shared one and tore it.
 fn temporary(path: &Path) -> PathBuf {
+    static SAVES: AtomicU64 = AtomicU64::new(0);
     let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(format!(".tmp{}", std::process::id()));
+    let n = SAVES.fetch_add(1, Ordering::Relaxed);
+    name.push(format!(".tmp{}.{n}", std::process::id()));
     path.with_file_name(name)
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 #[cfg(test)]
@@ -170,5 +186,55 @@ mod tests {
             .load("[fd00::1]", 7420, Direction::Pull)
             .unwrap()
             .is_some());
+    }
+
+    /// A profile that parses but holds settings no transfer accepts is reported like a
+    /// corrupt one (ignored, and rewritten by the next save), not applied: a channel count of
+    /// 0 made every copy to the server fail, and a time ahead never expired.
+    #[test]
+    fn a_profile_with_settings_out_of_range_is_not_used() {
+        let d = tempfile::tempdir().unwrap();
+        let store = ProfileStore::new(d.path());
+        let edits: [fn(&mut PathProfile); 5] = [
+            |p| p.recommendation.channels = 0,
+            |p| p.recommendation.channels = 500,
+            |p| p.recommendation.cc = "cubic; rm".into(),
+            |p| p.rate_bps = Some(0),
+            |p| p.measured_at = u64::MAX,
+        ];
+        for edit in edits {
+            let mut p = profile();
+            edit(&mut p);
+            store.save(&p).unwrap();
+            let e = store.load("[fd00::1]", 7420, Direction::Pull).unwrap_err();
+            assert!(matches!(e, ProfileError::Corrupt { .. }), "{p:?}: {e}");
+        }
+    }
+
+    /// Saves of one profile from many threads at once all succeed, and what is left is one
+    /// of them whole.
+    #[test]
+    fn saves_from_many_threads_at_once_succeed() {
+        let d = tempfile::tempdir().unwrap();
+        let store = ProfileStore::new(d.path());
+        let short = profile();
+        let mut long = profile();
+        long.recommendation.cc = "highspeed".into();
+        long.source = "a longer source than the other".into();
+        std::thread::scope(|s| {
+            for t in 0..8 {
+                let (store, p) = (&store, if t % 2 == 0 { &short } else { &long });
+                s.spawn(move || {
+                    for _ in 0..200 {
+                        store.save(p).unwrap();
+                    }
+                });
+            }
+        });
+        let got = store.load("[fd00::1]", 7420, Direction::Pull).unwrap();
+        assert!(
+            got == Some(short.clone()) || got == Some(long.clone()),
+            "{got:?}"
+        );
     }
 }

@@ -17,7 +17,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -265,12 +265,7 @@ pub fn learned_profile(
     })
 }
 
-/// Seconds since the Unix epoch.
-pub fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
+pub use crate::fsio::profiles::unix_now;
 
 /// The budget of a probe on a path of round-trip time `rtt`: the one given, unless it is
 /// shorter than [`min_budget`]; else [`DEFAULT_BUDGET`], or the least the path needs where

@@ -32,6 +32,7 @@ pub(crate) mod measure;
 use super::bdp::WIRE_OVERHEAD;
 use super::online::PACE_GAIN;
 use crate::channels::control::Policy;
+use crate::channels::limits;
 
 /// Most channels a candidate uses.
 pub const MAX_CANDIDATE_CHANNELS: u16 = 32;
@@ -445,6 +446,27 @@ pub struct PathProfile {
 }
 
 impl PathProfile {
+    /// What makes a saved profile unusable at `now_s` (seconds since the Unix epoch), if
+    /// anything: settings no transfer accepts (a file edited by hand, or written by another
+    /// version), or a time of measurement more than a day ahead, which would never expire.
+    pub fn problem(&self, now_s: u64) -> Option<String> {
+        let r = &self.recommendation;
+        let cc_ok = !r.cc.is_empty()
+            && r.cc.len() <= limits::MAX_CC_NAME
+            && r.cc.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if r.channels == 0 || r.channels > limits::MAX_CHANNELS {
+            Some(format!("its channel count {} is out of range", r.channels))
+        } else if !cc_ok {
+            Some(format!("{:?} is not a congestion control name", r.cc))
+        } else if r.pace_bps == Some(0) || self.rate_bps == Some(0) {
+            Some("it gives a rate of 0".into())
+        } else if self.measured_at > now_s.saturating_add(86_400) {
+            Some("it was measured in the future".into())
+        } else {
+            None
+        }
+    }
+
     /// How it was measured and how long ago, for reports: "probe 2 h ago".
     pub fn age(&self, now_s: u64) -> String {
         let ago = now_s.saturating_sub(self.measured_at);
