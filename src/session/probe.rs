@@ -185,7 +185,9 @@ pub struct Fixed {
 
 /// Fills in from a saved profile what the caller did not fix: channel count, congestion
 /// control, and pacing at the measured rate (or none, when the profile found unpaced
-/// channels faster). Returns what it did, for the report.
+/// channels faster). Returns what it did, for the report. A profile keeps no policy (a
+/// `--policy fast` probe or copy may have saved BBR): under [`Policy::Fair`] a congestion
+/// control that does not back off on loss is left out, and the transfer's own choice holds.
 pub fn apply_profile(
     p: &PathProfile,
     opts: &mut TransferOptions,
@@ -200,8 +202,12 @@ pub fn apply_profile(
         took.push(format!("{} channels", r.channels));
     }
     if !fixed.cc {
-        opts.cc = vec![r.cc.clone()];
-        took.push(r.cc.clone());
+        if opts.policy == Policy::Fair && !loss_based(&r.cc) {
+            took.push(format!("not {} (policy fair)", r.cc));
+        } else {
+            opts.cc = vec![r.cc.clone()];
+            took.push(r.cc.clone());
+        }
     }
     if !fixed.pace && !fixed.rate {
         match (r.pace_bps, p.rate_bps) {
@@ -578,6 +584,25 @@ mod tests {
         report.transport = Transport::Tcp;
         let p = learned_profile(&report, "h", 1, Direction::Push).unwrap();
         assert_eq!(p.recommendation.channels, 1);
+    }
+
+    /// A profile that a `--policy fast` probe or copy saved with BBR does not put a copy
+    /// under the default fair policy on BBR; its channel count and rate still apply.
+    #[test]
+    fn a_fair_copy_takes_no_bbr_from_a_profile() {
+        let mut p = PathProfile::example("h", Direction::Push, 100);
+        p.recommendation.cc = "bbr".into();
+        let mut fair = TransferOptions::default();
+        let origin = apply_profile(&p, &mut fair, Fixed::default(), 160);
+        assert!(fair.cc.is_empty(), "{:?}", fair.cc);
+        assert_eq!(fair.channels, p.recommendation.channels);
+        assert!(origin.contains("not bbr (policy fair)"), "{origin}");
+        let mut fast = TransferOptions {
+            policy: Policy::Fast,
+            ..Default::default()
+        };
+        apply_profile(&p, &mut fast, Fixed::default(), 160);
+        assert_eq!(fast.cc, ["bbr"]);
     }
 
     #[test]
