@@ -418,6 +418,11 @@ impl OnlineTuner {
                 self.decide(0.0, format!("paced from the start{note}"));
             }
         }
+        if self.started.is_none() {
+            // The transfer's clock ran through its set-up: the channels start now, and the
+            // settling spans count from here, not from the clock's zero.
+            self.last_change = t;
+        }
         let started = *self.started.get_or_insert(t);
         match self.phase {
             Phase::Meter => self.meter(est, tick, started),

@@ -536,6 +536,26 @@ fn losses_below_caps_the_path_had_filled_first_lower_the_estimate_then_mean_rand
     assert_eq!(rep.decisions.len(), 1, "{rep:?}");
 }
 
+#[test]
+fn losses_while_the_channels_ramp_up_are_not_random_loss_however_long_the_set_up_took() {
+    // Caps from a known rate over a link that carries 70 % of it, with three losses in the
+    // first second: the channels have not settled, whether their clock started at the
+    // session's start or 5 s earlier (a large tree walked first).
+    let (link, known) = (70e6, 100e6);
+    for t0 in [0.0, 5.0] {
+        let path = |t: f64, _| {
+            (
+                link,
+                [0.3, 0.6, 0.9].iter().any(|at| (t - at).abs() < 0.005),
+            )
+        };
+        let rep = drive_from(t0, config(4, 4, Some(known)), path, 2)
+            .report()
+            .clone();
+        assert!(!rep.lossy, "set-up {t0} s: {rep:?}");
+    }
+}
+
 /// Drives a tuner capped from a saved rate of `saved` bytes/s (probed after 10 s): see
 /// [`drive`].
 fn probed(saved: f64, path: impl Fn(f64, f64) -> (f64, bool), seconds: u32) -> TunerReport {
@@ -548,6 +568,17 @@ fn probed(saved: f64, path: impl Fn(f64, f64) -> (f64, bool), seconds: u32) -> T
 /// `path(t, offered)` is what the path delivers of what the caps offer, and whether it
 /// drops a segment. Returns the tuner at the end.
 fn drive(cfg: TunerConfig, path: impl Fn(f64, f64) -> (f64, bool), seconds: u32) -> OnlineTuner {
+    drive_from(0.0, cfg, path, seconds)
+}
+
+/// [`drive`] with the tuner's clock at `t0` when the channels start: a transfer's clock
+/// starts before its set-up (the walk of its tree, the handshakes), the path's does not.
+fn drive_from(
+    t0: f64,
+    cfg: TunerConfig,
+    path: impl Fn(f64, f64) -> (f64, bool),
+    seconds: u32,
+) -> OnlineTuner {
     let mut d = Driven::new(cfg);
     let (mut delivered, mut retrans) = ([1.0f64; 4], 0);
     for k in 0..seconds * 100 {
@@ -567,7 +598,7 @@ fn drive(cfg: TunerConfig, path: impl Fn(f64, f64) -> (f64, bool), seconds: u32)
                 })
             })
             .collect();
-        d.tick(t, &readings);
+        d.tick(t0 + t, &readings);
     }
     d.tuner
 }
