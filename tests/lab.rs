@@ -308,6 +308,16 @@ fn lab_commands_up_addr_exec_status_refuse_and_down() {
         2
     );
 
+    // A name that is not a lab's touches nothing ("" and ".." reached the state of every
+    // lab, and the directories above it).
+    for bad in ["", "..", "../..", "a/b"] {
+        let refused = hsxfer(&["lab", "down", "--name", bad]);
+        let err = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success(), "down {bad:?}: {err}");
+        assert!(err.contains("must be 1–8 letters"), "down {bad:?}: {err}");
+    }
+    assert!(hsxfer(&["lab", "status", "--name", &lab]).status.success());
+
     let down = hsxfer(&["lab", "down", "--name", &lab]);
     assert!(down.status.success());
     let gone = hsxfer(&["lab", "status", "--name", &lab]);

@@ -102,22 +102,27 @@ impl Default for LabSpec {
     }
 }
 
+/// Refuses a lab name that is not 1–8 letters, digits or '_': it names namespaces and the
+/// state directory under `/run/hsxfer/lab`, so "" or ".." would reach the directories above
+/// (`lab down --name "$UNSET"` removed every lab's state).
+pub fn check_name(name: &str) -> Result<(), LabError> {
+    let fits = !name.is_empty()
+        && name.len() <= 8
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if fits {
+        Ok(())
+    } else {
+        Err(LabError::Invalid(format!(
+            "lab name '{name}' must be 1–8 letters, digits or '_'"
+        )))
+    }
+}
+
 impl LabSpec {
     /// Checks the settings, with what to change when one is wrong.
     pub fn validate(&self) -> Result<(), LabError> {
         let bad = |m: String| Err(LabError::Invalid(m));
-        if self.name.is_empty()
-            || self.name.len() > 8
-            || !self
-                .name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_')
-        {
-            return bad(format!(
-                "lab name '{}' must be 1–8 letters, digits or '_'",
-                self.name
-            ));
-        }
+        check_name(&self.name)?;
         if self.senders == 0 || self.senders > MAX_SENDERS {
             return bad(format!("--senders must be 1..={MAX_SENDERS}"));
         }

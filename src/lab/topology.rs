@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::config::{Host, LabSpec};
+use super::config::{check_name, Host, LabSpec};
 use super::element;
 use super::LabError;
 
@@ -193,6 +193,7 @@ impl Lab {
 
     /// Finds a lab that is up.
     pub fn open(name: &str) -> Result<Lab, LabError> {
+        check_name(name)?;
         let dir = Lab::state_dir(name);
         let text = fs::read(dir.join("state.json")).map_err(|_| LabError::NotFound(name.into()))?;
         let state: LabState = serde_json::from_slice(&text).map_err(|e| {
@@ -218,6 +219,7 @@ impl Lab {
     /// Removes lab `name`: its processes, namespaces and state. Also cleans up what a failed
     /// or killed `up` left behind.
     pub fn down(name: &str) -> Result<(), LabError> {
+        check_name(name)?;
         match Lab::open(name) {
             Ok(lab) => lab.teardown(),
             Err(_) => {
