@@ -325,3 +325,54 @@ fn lab_commands_up_addr_exec_status_refuse_and_down() {
     let ns = Command::new("ip").args(["netns", "list"]).output().unwrap();
     assert!(!String::from_utf8_lossy(&ns.stdout).contains(&format!("{lab}-")));
 }
+
+/// Ctrl-C during `lab up` (here in its self-check) removes what it built: its delay element
+/// and server run in process groups of their own, and outlived it with the namespaces,
+/// so that the next `lab up` of the name was refused.
+#[test]
+fn an_interrupted_lab_up_leaves_nothing_behind() {
+    use std::io::{BufRead, BufReader};
+    if !root_or_skip("interrupted lab up") {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = name("i");
+    let _cleanup = Cleanup(lab.clone());
+    let mut child = Command::new(program())
+        .args([
+            "lab", "up", "--rate", "100M", "--rtt", "10ms", "--buffer", "64",
+        ])
+        .args(["--name", &lab])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut up = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut up)
+        .unwrap();
+    assert!(up.contains(&format!("lab '{lab}' up")), "{up}");
+    assert!(Path::new("/run/hsxfer/lab").join(&lab).exists());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(err.contains("the labs it built are removed"), "{err}");
+    let ns = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&ns.stdout).contains(&format!("{lab}-")));
+    assert!(!Path::new("/run/hsxfer/lab").join(&lab).exists());
+    let status = hsxfer(&["lab", "status", "--name", &lab]);
+    assert!(String::from_utf8_lossy(&status.stderr).contains("no lab named"));
+    // Its element was stopped with it.
+    let ps = Command::new("ps").args(["-eo", "args"]).output().unwrap();
+    let ps = String::from_utf8_lossy(&ps.stdout);
+    assert!(
+        !ps.lines()
+            .any(|l| l.contains("lab element") && l.contains(&lab)),
+        "{ps}"
+    );
+}

@@ -297,6 +297,8 @@ fn up(u: UpArgs) -> anyhow::Result<bool> {
         gro: !u.no_gro,
     };
     let program = std::env::current_exe().context("finding the hsxfer program")?;
+    // Until the self-check is done, a signal removes the lab: a `lab up` interrupted leaves
+    // nothing behind.
     let mut lab = Lab::up(&spec, &program)?;
     if !u.json {
         print_lab(&lab);
@@ -309,6 +311,7 @@ fn up(u: UpArgs) -> anyhow::Result<bool> {
         }
         Some(selfcheck::run_checks(&mut lab)?)
     };
+    lab.release();
     if u.json {
         outln!(
             "{}",

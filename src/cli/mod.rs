@@ -558,7 +558,13 @@ pub fn main() -> ExitCode {
         Command::Lab(_) | Command::Cc(_) | Command::Token(_) => Mode::Human,
     };
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
-    match rt.block_on(run(cli.command)) {
+    let lab = matches!(cli.command, Command::Lab(_));
+    let result = rt.block_on(run(cli.command));
+    if lab {
+        // An interrupted `lab` command's thread may still be running a step: not waited for.
+        rt.shutdown_background();
+    }
+    match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
@@ -598,6 +604,22 @@ async fn until_stopped(
     }
 }
 
+/// Runs a `lab` subcommand on a thread of its own until it ends or a stop signal arrives.
+/// Then the labs it was building, or running an experiment on, are removed (their delay
+/// element and server would outlive the process), and the process ends without waiting for
+/// that thread.
+async fn lab_until_stopped(a: lab::LabArgs) -> anyhow::Result<bool> {
+    let work = tokio::task::spawn_blocking(move || lab::lab(a));
+    tokio::select! {
+        r = work => r?,
+        sig = stop_signal() => {
+            let removed = tokio::task::spawn_blocking(hsxfer::lab::own::remove_claimed).await?;
+            let what = if removed.is_empty() { "" } else { ": the labs it built are removed" };
+            Err(Interrupted(sig, what).into())
+        }
+    }
+}
+
 /// Raises the soft limit on open files to the hard one: the usual soft limit of 1,024 is a
 /// default for interactive shells, and a server serves many sessions of many channels each.
 /// Transfers bound what they hold open anyway (`session::budget::FileBudget`), so a hard
@@ -621,7 +643,7 @@ async fn run(cmd: Command) -> anyhow::Result<bool> {
         Command::Bench(a) => until_stopped(bench(a), "").await,
         Command::Doctor(a) => doctor::doctor(a),
         Command::Probe(a) => until_stopped(probe::run(a), ": nothing was saved").await,
-        Command::Lab(a) => lab::lab(a),
+        Command::Lab(a) => lab_until_stopped(a).await,
         Command::Cc(a) => cc::cc(a).await,
         Command::Token(TokenArgs {
             command: TokenCommand::New { file },

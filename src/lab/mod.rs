@@ -20,6 +20,7 @@ pub mod experiments;
 pub mod flows;
 pub mod loss;
 pub mod nfqueue;
+pub mod own;
 pub mod selfcheck;
 pub mod topology;
 pub mod traffic;

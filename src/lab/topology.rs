@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::config::{check_name, Host, LabSpec};
 use super::element;
+use super::own::Claim;
 use super::LabError;
 
 /// Where labs keep their state.
@@ -92,6 +93,9 @@ pub struct Lab {
     /// Its state.
     pub state: LabState,
     dir: PathBuf,
+    /// This process's claim, on a lab it built: while it is held, a signal that stops the
+    /// process removes the lab ([`own`](super::own)).
+    claim: Option<Claim>,
 }
 
 /// Runs a command to completion; fails with its stderr when it fails.
@@ -155,6 +159,7 @@ impl Lab {
 
     /// Builds a lab running `program` (the hsxfer binary) on its hosts. Refuses to build over
     /// an existing lab of the same name; removes whatever it built if a step fails.
+    /// Until [`Lab::release`], a signal that stops the process removes the lab.
     pub fn up(spec: &LabSpec, program: &Path) -> Result<Lab, LabError> {
         spec.validate()?;
         preflight()?;
@@ -162,6 +167,7 @@ impl Lab {
         if dir.exists() || !namespaces_of(&spec.name)?.is_empty() {
             return Err(LabError::Exists(spec.name.clone()));
         }
+        let claim = Claim::new(&spec.name);
         fs::create_dir_all(&dir).map_err(LabError::io(format!("creating {}", dir.display())))?;
         let token_file = dir.join("token");
         crate::session::token::new(&token_file)
@@ -178,6 +184,7 @@ impl Lab {
                 check: None,
             },
             dir,
+            claim: Some(claim),
         };
         match lab.build() {
             Ok(()) => {
@@ -199,7 +206,11 @@ impl Lab {
         let state: LabState = serde_json::from_slice(&text).map_err(|e| {
             LabError::Invalid(format!("lab state {} is damaged: {e}", dir.display()))
         })?;
-        Ok(Lab { state, dir })
+        Ok(Lab {
+            state,
+            dir,
+            claim: None,
+        })
     }
 
     /// Names of the labs that are up.
@@ -236,6 +247,12 @@ impl Lab {
                 Ok(())
             }
         }
+    }
+
+    /// Gives up this process's claim on a lab it built: the lab stays up after the process
+    /// ends, whatever stops it.
+    pub fn release(&mut self) {
+        self.claim.take();
     }
 
     /// The settings.

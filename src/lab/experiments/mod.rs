@@ -211,7 +211,8 @@ fn check_available(catalog: &CcCatalog, ccs: &[String]) -> Result<(), LabError> 
     )))
 }
 
-/// A lab that an experiment owns: removed when dropped, whatever happened.
+/// A lab that an experiment owns: removed when dropped, whatever happened, or by
+/// [`remove_claimed`](crate::lab::own::remove_claimed) when a signal stops the process.
 pub struct OwnedLab(pub Lab);
 
 impl OwnedLab {
