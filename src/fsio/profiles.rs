@@ -55,9 +55,11 @@ impl ProfileStore {
         Some(ProfileStore::new(cache.join("hsxfer").join("profiles")))
     }
 
-    /// The file of a server, port and direction.
+    /// The file of a server, port and direction. An IPv6 address is one server with or
+    /// without its brackets (`[::1]` as a probe was given it, `::1` as a copy's `[::1]:PATH`
+    /// names it).
     pub fn path(&self, server: &str, port: u16, direction: Direction) -> PathBuf {
-        let safe: String = server
+        let safe: String = unbracketed(server)
             .chars()
             .map(|c| {
                 if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
@@ -88,7 +90,10 @@ impl ProfileStore {
             path: path.clone(),
             reason: e.to_string(),
         })?;
-        if p.server != server || p.port != port || p.direction != direction {
+        if unbracketed(&p.server) != unbracketed(server)
+            || p.port != port
+            || p.direction != direction
+        {
             return Err(ProfileError::Corrupt {
                 path,
                 reason: format!(
@@ -131,6 +136,14 @@ impl ProfileStore {
     }
 }
 
+/// A server's name or address without the brackets of an IPv6 address.
+fn unbracketed(server: &str) -> &str {
+    server
+        .strip_prefix('[')
+        .and_then(|s| s.strip_suffix(']'))
+        .unwrap_or(server)
+}
+
 /// A temporary name beside `path`, unique to this save: saves from two threads of one
 /// process (an embedder's parallel copies to one server) once shared one and tore it.
 fn temporary(path: &Path) -> PathBuf {
@@ -165,7 +178,12 @@ mod tests {
             .unwrap()
             .is_none());
         let path = store.save(&profile()).unwrap();
-        assert_eq!(path.file_name().unwrap(), "_fd00__1__7420_pull.json");
+        assert_eq!(path.file_name().unwrap(), "fd00__1_7420_pull.json");
+        // One server with or without the brackets of its address.
+        assert_eq!(
+            store.load("fd00::1", 7420, Direction::Pull).unwrap(),
+            Some(profile())
+        );
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
         assert_eq!(
