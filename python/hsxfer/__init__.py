@@ -51,6 +51,21 @@ PathLike = Union[str, "os.PathLike[str]"]
 Progress = Callable[[Dict[str, Any]], Any]
 
 
+def _whole(name: str, value: Any, bits: int) -> Optional[int]:
+    """``value`` as an unsigned integer of ``bits`` bits (``None`` stays ``None``); a float
+    with no fraction is taken (``rate=10e9``). Anything else raises :class:`ValueError`,
+    where the native layer raised ``TypeError`` or ``OverflowError``."""
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} {value!r} is not a whole number")
+    if not 0 <= value < 1 << bits:
+        raise ValueError(f"{name} {value} is out of range: use 0 to {(1 << bits) - 1}")
+    return value
+
+
 def _options(
     channels: Optional[int],
     port: int,
@@ -72,13 +87,13 @@ def _options(
     if not isinstance(mptcp_paths, str):
         mptcp_paths = ",".join(mptcp_paths)
     return {
-        "channels": channels,
-        "port": port,
+        "channels": _whole("channels", channels, 16),
+        "port": _whole("port", port, 16),
         "token_file": os.fspath(token_file) if token_file is not None else None,
-        "block_size": block_size,
+        "block_size": _whole("block_size", block_size, 32),
         "cc": list(cc or []),
-        "rate": rate,
-        "pace": pace,
+        "rate": _whole("rate", rate, 64),
+        "pace": _whole("pace", pace, 64),
         "tune": tune,
         "policy": policy,
         "mptcp": mptcp,
@@ -89,10 +104,20 @@ def _options(
     }
 
 
+def _operand(path: PathLike) -> str:
+    """A string operand as it is (``HOST:PATH`` is remote); a path object is local whatever
+    it holds: a relative one goes as ``./NAME``, so that a colon in it (which ``pathlib``
+    keeps while it drops a leading ``./``) does not make it read as ``HOST:PATH``."""
+    if isinstance(path, str):
+        return path
+    text = os.fspath(path)
+    return text if os.path.isabs(text) else os.path.join(".", text)
+
+
 def _operands(sources: Union[PathLike, Iterable[PathLike]], dest: PathLike) -> List[str]:
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
-    return [os.fspath(s) for s in sources] + [os.fspath(dest)]
+    return [_operand(s) for s in sources] + [_operand(dest)]
 
 
 def copy(
@@ -121,7 +146,8 @@ def copy(
     """Copies files to or from an ``hsxfer serve`` server, like ``hsxfer copy``.
 
     Operands are as for ``scp``: ``HOST:PATH`` is remote (relative to the server's root),
-    anything else local (write ``./a:b`` for a local name with a colon). Local sources and a
+    anything else local (write ``./a:b`` for a local name with a colon; a ``pathlib.Path`` is
+    always local). Local sources and a
     remote ``dest`` push; remote sources and a local ``dest`` pull.
 
     ``channels`` fixes the number of data channels (default: tuned while the copy runs).
@@ -250,7 +276,7 @@ def probe(
     --mptcp``."""
     report = _native.probe(
         host,
-        port=port,
+        port=_whole("port", port, 16),
         token_file=os.fspath(token_file) if token_file is not None else None,
         budget=budget,
         direction=direction,
@@ -298,7 +324,7 @@ class Server:
             os.fspath(root),
             token_file=os.fspath(token_file) if token_file is not None else None,
             listen=listen,
-            port=port,
+            port=_whole("port", port, 16),
             mptcp=mptcp,
             key_file=os.fspath(key_file) if key_file is not None else None,
             allow_clear=allow_clear,

@@ -3,6 +3,7 @@
 import _thread
 import hashlib
 import os
+import pathlib
 import secrets
 import signal
 import threading
@@ -336,3 +337,39 @@ def test_copies_are_encrypted_and_the_server_key_is_checked(tmp_path):
             hsxfer.push(src, "127.0.0.1:e", port=server.port, server_fingerprint="MD5:00")
     for name in "abc":
         assert digest(root / name) == digest(src)
+
+
+def test_a_path_object_is_local_even_with_a_colon(served, tmp_path, monkeypatch):
+    server, root, token = served
+    monkeypatch.chdir(tmp_path)
+    random_file(tmp_path / "run:1.h5", 1000)
+    r = hsxfer.push(pathlib.Path("./run:1.h5"), remote(server, "x"), port=server.port,
+                    token_file=token)
+    assert r["verified"] and digest(root / "x") == digest(tmp_path / "run:1.h5")
+    back = tmp_path / "back:1"
+    back.mkdir()
+    r = hsxfer.copy(remote(server, "x"), pathlib.Path("back:1"), port=server.port,
+                    token_file=token)
+    assert r["operation"] == "pull" and digest(back / "x") == digest(tmp_path / "run:1.h5")
+
+
+@pytest.mark.parametrize("bad", [dict(channels=-1), dict(channels=70000), dict(port=70000),
+                                 dict(block_size=1.5), dict(rate="fast"), dict(pace=-8)])
+def test_numbers_out_of_range_raise_value_error(served, tmp_path, bad):
+    server, _, token = served
+    random_file(tmp_path / "f", 10)
+    kw = {"port": server.port, "token_file": token, **bad}
+    with pytest.raises(ValueError, match="out of range|not a whole number"):
+        hsxfer.push(str(tmp_path / "f"), remote(server, "x"), **kw)
+
+
+def test_a_whole_float_rate_is_taken_and_ports_are_checked(served, tmp_path):
+    server, _, token = served
+    random_file(tmp_path / "f", 10)
+    r = hsxfer.push(str(tmp_path / "f"), remote(server, "x"), port=server.port, token_file=token,
+                    rate=10e9)
+    assert r["verified"]
+    with pytest.raises(ValueError, match="port 70000 is out of range"):
+        hsxfer.probe("127.0.0.1", port=70000)
+    with pytest.raises(ValueError, match="port -1 is out of range"):
+        hsxfer.Server(tmp_path, port=-1)
