@@ -11,7 +11,7 @@ use std::ffi::CString;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hsxfer::fsio::operands::{self, Direction};
@@ -77,16 +77,28 @@ fn raise(e: hsxfer::Error) -> PyErr {
     }
 }
 
-/// The process's one runtime, started on first use.
+/// The process's one runtime, started on first use, and again in a child forked after that
+/// (`multiprocessing`'s workers on Linux): a child has the parent's runtime but none of its
+/// threads, so work handed to it never ran and its timers never fired (every call hung, deaf
+/// to Ctrl-C). The parent's is left alone there: dropping it would wait for those threads.
 fn runtime() -> &'static Runtime {
-    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .thread_name("hsxfer")
-            .build()
-            .expect("a tokio runtime")
-    })
+    static RUNTIME: Mutex<Option<(u32, &'static Runtime)>> = Mutex::new(None);
+    let pid = std::process::id();
+    let mut current = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
+    match *current {
+        Some((owner, rt)) if owner == pid => rt,
+        _ => {
+            let rt: &'static Runtime = Box::leak(Box::new(
+                tokio::runtime::Builder::new_multi_thread()
+                    .enable_all()
+                    .thread_name("hsxfer")
+                    .build()
+                    .expect("a tokio runtime"),
+            ));
+            *current = Some((pid, rt));
+            rt
+        }
+    }
 }
 
 /// A token file, or no authentication (which servers allow only on loopback).

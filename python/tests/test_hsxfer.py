@@ -2,6 +2,7 @@
 
 import _thread
 import hashlib
+import multiprocessing
 import os
 import pathlib
 import secrets
@@ -337,6 +338,23 @@ def test_copies_are_encrypted_and_the_server_key_is_checked(tmp_path):
             hsxfer.push(src, "127.0.0.1:e", port=server.port, server_fingerprint="MD5:00")
     for name in "abc":
         assert digest(root / name) == digest(src)
+
+
+def _push_in_child(source, port, token):
+    return hsxfer.push(source, "127.0.0.1:from-child", port=port, token_file=token)["verified"]
+
+
+def test_a_forked_worker_copies_after_its_parent_did(served, tmp_path):
+    """A child forked once the parent's runtime runs (``multiprocessing`` on Linux) gets a
+    runtime of its own: the parent's had no threads there, and every call hung."""
+    server, root, token = served
+    random_file(tmp_path / "f", 1 << 20)
+    hsxfer.push(str(tmp_path / "f"), remote(server, "from-parent"), port=server.port,
+                token_file=token)
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        verified = pool.apply_async(_push_in_child, (str(tmp_path / "f"), server.port, str(token)))
+        assert verified.get(timeout=60) is True
+    assert digest(root / "from-child") == digest(tmp_path / "f")
 
 
 def test_a_path_object_is_local_even_with_a_colon(served, tmp_path, monkeypatch):
