@@ -339,6 +339,17 @@ fn userspace_mptcp_servers_of_one_namespace_share_its_path_manager() {
         "0",
         "the userspace path manager was left selected"
     );
+    // A killed one leaves it selected; the next server of the in-kernel path manager selects
+    // that one again (it stayed until another userspace server came and went).
+    drop(serve(7200));
+    assert_eq!(pm_type(), "1");
+    let kernel = ns.serve(root.path(), 7300, &["--mptcp"], &[]);
+    assert_eq!(
+        pm_type(),
+        "0",
+        "the killed server's path manager stayed selected"
+    );
+    kernel.terminate();
 }
 
 /// Output into a pipe whose reader has gone (`hsxfer cc list | head -1`) is dropped, not a

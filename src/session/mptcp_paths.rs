@@ -10,7 +10,7 @@ use std::net::{IpAddr, SocketAddr};
 use crate::error::{Error, Result};
 use crate::transport::cc::privileged;
 use crate::transport::mptcp::{self, Limits, LimitsSet, PathEndpoints, MAX_EXTRA_SUBFLOWS};
-use crate::transport::mptcp_pm::PmSocket;
+use crate::transport::mptcp_pm::{forget_killed_selections, PmSocket};
 use crate::transport::route::{self, Egress};
 
 /// The most subflows hsxfer asks the userspace path manager for.
@@ -177,6 +177,11 @@ impl PathManager {
             return Ok(set);
         }
         if root {
+            if let Err(e) = forget_killed_selections() {
+                notes.push(format!(
+                    "client: the userspace path manager may stay selected: {e}"
+                ));
+            }
             match LimitsSet::to(want) {
                 Ok(l) => set._limits = Some(l),
                 Err(e) => notes.push(format!("client: MPTCP subflow limits not set: {e}")),

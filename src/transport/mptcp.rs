@@ -228,6 +228,7 @@ pub struct SignalEndpoints {
 impl SignalEndpoints {
     /// Adds `count` endpoints on `addr`, ports `port + 1 ..= port + count` (root only).
     pub fn add(addr: IpAddr, port: u16, count: u16) -> io::Result<SignalEndpoints> {
+        super::mptcp_pm::forget_killed_selections()?;
         let limits = LimitsSet::to(Limits {
             subflows: count as u32,
             add_addr_accepted: 0,

@@ -18,7 +18,7 @@ use netlink_packet_generic::{GenlFamily, GenlHeader, GenlMessage};
 use netlink_sys::protocols::NETLINK_GENERIC;
 use netlink_sys::{Socket, SocketAddr as NetlinkAddr};
 
-use super::ns_settings::{Raised, Setting};
+use super::ns_settings::{forget_dead_raises, Raised, Setting};
 
 /// The family's name and its events' multicast group (linux/mptcp_pm.h).
 const FAMILY: &str = "mptcp_pm";
@@ -372,6 +372,13 @@ const USERSPACE: PmType = PmType(1);
 pub fn with_userspace_pm<T>(make: impl FnOnce() -> T) -> io::Result<T> {
     let _selected = Raised::to(USERSPACE)?;
     Ok(make())
+}
+
+/// Selects again the path manager from before the userspace one that killed processes
+/// left selected (no one put it back): for a server or copy of the in-kernel path manager,
+/// whose announcements and subflows it would otherwise refuse (root only).
+pub fn forget_killed_selections() -> io::Result<()> {
+    forget_dead_raises::<PmType>()
 }
 
 /// This namespace selects the userspace path manager while this lives (a server's accepted

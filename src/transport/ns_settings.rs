@@ -48,9 +48,11 @@ impl<S: Setting> Raised<S> {
     /// Raises the namespace's setting to at least `want` (root only).
     pub fn to(want: S) -> io::Result<Raised<S>> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
+        let pid = std::process::id();
         let me = Holder {
-            pid: std::process::id(),
+            pid,
             seq: NEXT.fetch_add(1, Ordering::Relaxed),
+            start: start_time(pid),
         };
         let file = Registry::lock(S::NAME)?;
         let now = S::read()?;
@@ -85,6 +87,9 @@ impl<S: Setting> Drop for Raised<S> {
 struct Holder {
     pid: u32,
     seq: u64,
+    /// When the process started ([`start_time`]), where known: a process that later has
+    /// its number is another (records of older versions have none).
+    start: Option<u64>,
 }
 
 /// The namespace's raises of one setting, as recorded in its file.
@@ -97,8 +102,8 @@ struct Raises<S> {
 }
 
 impl<S: Setting> Raises<S> {
-    /// Parses the file's text: `before VALUE`, then one `PID.SEQ VALUE` per raise. Empty:
-    /// none.
+    /// Parses the file's text: `before VALUE`, then one `PID.SEQ[.START] VALUE` per raise.
+    /// Empty: none.
     fn parse(text: &str) -> Option<Raises<S>> {
         let mut lines = text
             .lines()
@@ -108,10 +113,14 @@ impl<S: Setting> Raises<S> {
         let before = (first.first() == Some(&"before")).then(|| value(&first))??;
         let held = lines
             .filter_map(|w| {
-                let (pid, seq) = w.first()?.split_once('.')?;
+                let mut id = w.first()?.split('.');
                 let holder = Holder {
-                    pid: pid.parse().ok()?,
-                    seq: seq.parse().ok()?,
+                    pid: id.next()?.parse().ok()?,
+                    seq: id.next()?.parse().ok()?,
+                    start: match id.next() {
+                        Some(start) => Some(start.parse().ok()?),
+                        None => None,
+                    },
                 };
                 Some((holder, value(&w)?))
             })
@@ -122,7 +131,8 @@ impl<S: Setting> Raises<S> {
     fn text(&self) -> String {
         let mut text = format!("before {}\n", self.before.words());
         for (h, v) in &self.held {
-            text += &format!("{}.{} {}\n", h.pid, h.seq, v.words());
+            let start = h.start.map(|s| format!(".{s}")).unwrap_or_default();
+            text += &format!("{}.{}{start} {}\n", h.pid, h.seq, v.words());
         }
         text
     }
@@ -144,14 +154,14 @@ fn raise<S: Setting>(
     now: S,
     me: Holder,
     want: S,
-    alive: impl Fn(u32) -> bool,
+    alive: impl Fn(&Holder) -> bool,
 ) -> (Raises<S>, S) {
     let mut raises = recorded.unwrap_or(Raises {
         before: now,
         held: Vec::new(),
     });
     let left = raises.needed();
-    raises.held.retain(|(h, _)| alive(h.pid));
+    raises.held.retain(|(h, _)| alive(h));
     if raises.held.is_empty() && now != left {
         raises.before = now;
     }
@@ -165,23 +175,71 @@ fn raise<S: Setting>(
 fn release<S: Setting>(
     recorded: Option<Raises<S>>,
     me: Holder,
-    alive: impl Fn(u32) -> bool,
+    alive: impl Fn(&Holder) -> bool,
 ) -> (Option<Raises<S>>, Option<S>) {
     let Some(mut raises) = recorded else {
         return (None, None);
     };
-    raises.held.retain(|(h, _)| *h != me && alive(h.pid));
+    raises.held.retain(|(h, _)| *h != me && alive(h));
     let set = raises.needed();
     (Some(raises).filter(|r| !r.held.is_empty()), Some(set))
 }
 
-/// Whether process `pid` still runs.
-fn alive(pid: u32) -> bool {
-    let pid = nix::unistd::Pid::from_raw(pid as i32);
-    !matches!(
+/// What the raises of processes no longer alive left, dropped from `recorded` with the
+/// value `now`: the records that stay (none once none is left), and the value to set, if
+/// any was dropped and the value is still theirs (one set by hand since is kept).
+fn forget_dead<S: Setting>(
+    recorded: Option<Raises<S>>,
+    now: S,
+    alive: impl Fn(&Holder) -> bool,
+) -> (Option<Raises<S>>, Option<S>) {
+    let Some(mut raises) = recorded else {
+        return (None, None);
+    };
+    let (left, held) = (raises.needed(), raises.held.len());
+    raises.held.retain(|(h, _)| alive(h));
+    if raises.held.len() == held {
+        return (Some(raises), None);
+    }
+    let set = match raises.held.is_empty() && now != left {
+        true => None,
+        false => Some(raises.needed()),
+    };
+    (Some(raises).filter(|r| !r.held.is_empty()), set)
+}
+
+/// Puts back what killed processes' raises of `S` left in this namespace, without raising
+/// it: for a process that needs it as it was before them (a server or copy of the in-kernel
+/// path manager, where a killed userspace-PM server left the userspace one selected).
+pub fn forget_dead_raises<S: Setting>() -> io::Result<()> {
+    let file = Registry::lock(S::NAME)?;
+    let Some(recorded) = file.read::<S>()? else {
+        return Ok(());
+    };
+    let (raises, set) = forget_dead(Some(recorded), S::read()?, alive);
+    if let Some(set) = set {
+        set.set()?;
+    }
+    file.write(raises.as_ref())
+}
+
+/// Whether the process of raise `h` still runs: a process of its number that started when
+/// it did.
+fn alive(h: &Holder) -> bool {
+    let pid = nix::unistd::Pid::from_raw(h.pid as i32);
+    let exists = !matches!(
         nix::sys::signal::kill(pid, None),
         Err(nix::errno::Errno::ESRCH)
-    )
+    );
+    exists && (h.start.is_none() || start_time(h.pid).is_none_or(|s| Some(s) == h.start))
+}
+
+/// When process `pid` started, in clock ticks after boot (`/proc/PID/stat`'s 22nd field).
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (2nd field) may hold spaces and parentheses: count after its end.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(19)?.parse().ok()
 }
 
 /// The namespace's record of one setting's raises, while this holds the lock over all
@@ -268,7 +326,11 @@ mod tests {
     }
 
     fn holder(pid: u32, seq: u64) -> Holder {
-        Holder { pid, seq }
+        Holder {
+            pid,
+            seq,
+            start: None,
+        }
     }
 
     #[test]
@@ -287,7 +349,7 @@ mod tests {
     /// limits from before the server's (the old rule left the server's for good).
     #[test]
     fn the_last_raise_to_end_puts_back_the_limits_from_before_the_first() {
-        let all_alive = |_| true;
+        let all_alive = |_: &Holder| true;
         let (server, copy) = (holder(10, 0), holder(20, 0));
         let (r, set) = raise(None, limits(2, 0), server, limits(8, 0), all_alive);
         assert_eq!(set, limits(8, 0));
@@ -302,7 +364,7 @@ mod tests {
     /// The copy ends first: the limits go down to what the server still needs.
     #[test]
     fn an_end_lowers_the_limits_to_what_the_others_need() {
-        let all_alive = |_| true;
+        let all_alive = |_: &Holder| true;
         let (server, copy) = (holder(10, 0), holder(20, 0));
         let (r, set) = raise(None, limits(2, 0), server, limits(8, 0), all_alive);
         let (r, _) = raise(Some(r), set, copy, limits(4, 8), all_alive);
@@ -316,8 +378,8 @@ mod tests {
     #[test]
     fn a_killed_holders_raise_is_put_back_by_the_next() {
         let killed = holder(10, 0);
-        let (r, left) = raise(None, limits(2, 0), killed, limits(8, 0), |_| true);
-        let only_20 = |pid| pid == 20;
+        let (r, left) = raise(None, limits(2, 0), killed, limits(8, 0), |_: &Holder| true);
+        let only_20 = |h: &Holder| h.pid == 20;
         let (r, set) = raise(Some(r), left, holder(20, 0), limits(8, 0), only_20);
         assert_eq!(set, limits(8, 0));
         assert_eq!(r.held, vec![(holder(20, 0), limits(8, 0))]);
@@ -330,21 +392,87 @@ mod tests {
     /// Limits someone set after the killed holder's raise are the new limits to come back to.
     #[test]
     fn limits_set_by_hand_since_a_killed_holder_are_kept() {
-        let (r, _) = raise(None, limits(2, 0), holder(10, 0), limits(8, 0), |_| true);
+        let (r, _) = raise(
+            None,
+            limits(2, 0),
+            holder(10, 0),
+            limits(8, 0),
+            |_: &Holder| true,
+        );
         let me = holder(20, 0);
-        let (r, set) = raise(Some(r), limits(1, 1), me, limits(8, 0), |pid| pid == 20);
+        let (r, set) = raise(Some(r), limits(1, 1), me, limits(8, 0), |h: &Holder| {
+            h.pid == 20
+        });
         assert_eq!(set, limits(8, 1));
-        assert_eq!(release(Some(r), me, |_| true), (None, Some(limits(1, 1))));
+        assert_eq!(
+            release(Some(r), me, |_: &Holder| true),
+            (None, Some(limits(1, 1)))
+        );
+    }
+
+    /// A process that has the number of a killed holder is not that holder: its start time
+    /// tells them apart (the raise stayed for good).
+    #[test]
+    fn a_process_that_took_a_killed_holders_number_is_not_alive_for_it() {
+        let me = std::process::id();
+        let started = start_time(me).expect("this process's start time");
+        let h = |start| Holder {
+            pid: me,
+            seq: 0,
+            start,
+        };
+        assert!(alive(&h(Some(started))));
+        assert!(alive(&h(None)), "a record of an older version");
+        assert!(!alive(&h(Some(started + 1))));
+        let r = Raises {
+            before: limits(2, 0),
+            held: vec![
+                (h(Some(started)), limits(8, 8)),
+                (holder(11, 3), limits(4, 8)),
+            ],
+        };
+        assert_eq!(Raises::parse(&r.text()), Some(r));
+        assert!(Raises::<Pair>::parse("before 2 0\n1.0.x 8 8\n")
+            .unwrap()
+            .held
+            .is_empty());
+    }
+
+    /// A killed holder's raise that no other process replaces is put back by one that needs
+    /// the value from before (the userspace path manager a killed server left selected);
+    /// one set by hand since is kept.
+    #[test]
+    fn dead_raises_are_put_back_without_a_raise_of_ones_own() {
+        let (killed, running) = (holder(10, 0), holder(20, 0));
+        let (r, left) = raise(None, limits(0, 0), killed, limits(1, 0), |_: &Holder| true);
+        let only_20 = |h: &Holder| h.pid == 20;
+        assert_eq!(
+            forget_dead(Some(r.clone()), left, only_20),
+            (None, Some(limits(0, 0)))
+        );
+        assert_eq!(
+            forget_dead(Some(r.clone()), limits(3, 0), only_20),
+            (None, None)
+        );
+        let all_alive = |_: &Holder| true;
+        assert_eq!(
+            forget_dead(Some(r.clone()), left, all_alive),
+            (Some(r.clone()), None)
+        );
+        let (both, left) = raise(Some(r), left, running, limits(1, 0), all_alive);
+        let (kept, set) = forget_dead(Some(both), left, only_20);
+        assert_eq!(set, Some(limits(1, 0)));
+        assert_eq!(kept.unwrap().held, vec![(running, limits(1, 0))]);
     }
 
     /// Two raises of one process are two holders.
     #[test]
     fn raises_of_one_process_are_told_apart() {
         let (a, b) = (holder(10, 0), holder(10, 1));
-        let (r, set) = raise(None, limits(0, 0), a, limits(8, 0), |_| true);
-        let (r, _) = raise(Some(r), set, b, limits(0, 8), |_| true);
-        let (r, set) = release(Some(r), a, |_| true);
+        let (r, set) = raise(None, limits(0, 0), a, limits(8, 0), |_: &Holder| true);
+        let (r, _) = raise(Some(r), set, b, limits(0, 8), |_: &Holder| true);
+        let (r, set) = release(Some(r), a, |_: &Holder| true);
         assert_eq!(set, Some(limits(0, 8)));
-        assert_eq!(release(r, b, |_| true), (None, Some(limits(0, 0))));
+        assert_eq!(release(r, b, |_: &Holder| true), (None, Some(limits(0, 0))));
     }
 }
