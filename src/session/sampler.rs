@@ -131,22 +131,33 @@ impl Sampler {
     }
 
     /// Starts sampling channel `index`'s socket (a duplicate of its descriptor, so it stays
-    /// readable after the channel closed), applying what the tuner already decided for it.
+    /// readable after the channel closed), applying what the tuner already decided for it:
+    /// for a channel that joins after the tuner switched every channel's congestion
+    /// control, that one. Both locks are held throughout, in the order [`carry_out`] takes
+    /// them, so that a decision carried out meanwhile reaches this socket too.
     pub fn attach(&self, index: usize, sock: &impl AsFd) -> crate::Result<()> {
         let w = Watched::new(
             sock.as_fd()
                 .try_clone_to_owned()
                 .map_err(crate::Error::io("duplicating a data socket for telemetry"))?,
         );
-        if let Some(o) = self.shared.online.lock().expect("tuner lock").as_ref() {
-            if let Some(Some(name)) = o.cc.get(index) {
+        let mut online = self.shared.online.lock().expect("tuner lock");
+        let mut sockets = self.shared.sockets.lock().expect("sampler sockets lock");
+        if let Some(o) = online.as_mut() {
+            let switched = o.ctl.tuner.switched_cc().map(str::to_string);
+            if o.cc.len() <= index {
+                o.cc.resize(index + 1, None);
+            }
+            if o.cc[index].is_none() {
+                o.cc[index] = switched;
+            }
+            if let Some(name) = &o.cc[index] {
                 apply_cc(&self.shared.live, &[index], &w.fd, name);
             }
             if let Some(Some(rate)) = o.pace.get(index) {
                 apply_pace(&self.shared.live, index, &w, *rate);
             }
         }
-        let mut sockets = self.shared.sockets.lock().expect("sampler sockets lock");
         if sockets.len() <= index {
             sockets.resize_with(index + 1, || None);
         }

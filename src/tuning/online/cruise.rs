@@ -77,12 +77,13 @@ impl OnlineTuner {
                     "; switching to bbr (`policy` fast), which does not back off on random loss",
                 );
                 actions.extend(self.switch_cc(0, "bbr"));
-            } else if let (Some(capped), Some(steady)) = (&self.cfg.capped_cc, &self.cfg.steady_cc)
+            } else if let (Some(capped), Some(steady)) =
+                (self.cfg.capped_cc.clone(), self.cfg.steady_cc.clone())
             {
                 why.push_str(&format!(
                     "; {capped} only ran under the caps: back to {steady}"
                 ));
-                actions.extend(self.switch_cc(0, steady));
+                actions.extend(self.switch_cc(0, &steady));
             }
             self.decide(since_start, why);
         }

@@ -175,10 +175,11 @@ impl OnlineTuner {
                 });
             }
         }
-        if let (None, Some(_), Some(steady)) = (self.rate, &self.cfg.capped_cc, &self.cfg.steady_cc)
+        if let (None, Some(_), Some(steady)) =
+            (self.rate, &self.cfg.capped_cc, self.cfg.steady_cc.clone())
         {
             // The others opened with the caps' congestion control: no caps now.
-            actions.extend(self.switch_cc(1, steady));
+            actions.extend(self.switch_cc(1, &steady));
         }
         actions.push(Action::Release);
         self.decide(t - started, why);

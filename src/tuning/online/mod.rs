@@ -267,6 +267,9 @@ pub struct OnlineTuner {
     last_change: f64,
     growth: Option<Growth>,
     frozen: bool,
+    /// The congestion control the tuner switched every channel to, once it did: channels
+    /// added later run it too.
+    switched: Option<String>,
     report: TunerReport,
 }
 
@@ -315,6 +318,7 @@ impl OnlineTuner {
             last_change: 0.0,
             growth: None,
             frozen: false,
+            switched: None,
             report: TunerReport {
                 rate_bps: cfg.known_rate.map(|r| (r * 8.0) as u64),
                 measured_bps: None,
@@ -348,6 +352,9 @@ impl OnlineTuner {
     /// The congestion control the channels run now: `capped_cc` while caps hold them (or
     /// will, once the meter ends), `steady_cc` otherwise.
     fn cc_now(&self) -> Option<String> {
+        if let Some(switched) = &self.switched {
+            return Some(switched.clone());
+        }
         let capped = self.cfg.pace && (self.phase == Phase::Meter || self.rate.is_some());
         match &self.cfg.capped_cc {
             Some(cc) if capped => Some(cc.clone()),
@@ -367,13 +374,20 @@ impl OnlineTuner {
     }
 
     /// Channels from `from` on to congestion control `name`.
-    fn switch_cc(&self, from: usize, name: &str) -> Vec<Action> {
+    fn switch_cc(&mut self, from: usize, name: &str) -> Vec<Action> {
+        self.switched = Some(name.to_string());
         (from..self.channels as usize)
             .map(|channel| Action::SetCc {
                 channel,
                 name: name.to_string(),
             })
             .collect()
+    }
+
+    /// The congestion control the tuner switched every channel to, if it did: a channel
+    /// that joins later must be switched too (it opened with what was planned at the start).
+    pub fn switched_cc(&self) -> Option<&str> {
+        self.switched.as_deref()
     }
 
     /// Whether the tuner paces the channels (otherwise the user's `--pace` does).

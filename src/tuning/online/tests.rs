@@ -371,6 +371,23 @@ fn channels_go_back_to_the_steady_cc_once_random_loss_removes_the_caps() {
     ));
 }
 
+/// Under `--policy fast`, random loss switches every channel to BBR, those added later
+/// included (they opened with the congestion control planned at the start).
+#[test]
+fn channels_added_after_a_switch_to_bbr_run_bbr_too() {
+    let path = path_60ms(GBIT * 0.06, 1e-4);
+    let cfg = TunerConfig {
+        policy: Policy::Fast,
+        bbr_usable: true,
+        ..config(4, 32, None)
+    };
+    let r = run(path, cfg, 60);
+    assert!(r.tuner.report().lossy);
+    assert!(r.ccs.len() > 4, "{:?}", r.channels);
+    assert_eq!(r.ccs, ccs(&vec!["bbr"; r.ccs.len()]));
+    assert_eq!(r.tuner.switched_cc(), Some("bbr"));
+}
+
 #[test]
 fn a_meter_that_finds_no_rate_leaves_every_channel_on_the_steady_cc() {
     // Windows of 1 MB on 1 Gbit/s × 120 ms: the meter's window holds it, no caps.
