@@ -175,12 +175,28 @@ pub fn buffer_rate(kernel_bytes: u64, channels: u16, rtt: Duration) -> f64 {
     channels as f64 * (kernel_bytes / 2) as f64 * 8.0 / rtt.as_secs_f64().max(1e-6)
 }
 
+/// The largest buffer limit the sysctls take, a whole number of MiB: they are C `int`s, and
+/// a larger value is refused (`sysctl -w net.core.rmem_max=2500853760` fails).
+pub const MAX_SYSCTL_BUFFER: u64 = 2047 << 20;
+
+/// The channels that keep each socket's kernel buffer within [`MAX_SYSCTL_BUFFER`] where
+/// `channels` need `needed` bytes each; `None` when they fit already.
+pub fn channels_within_sysctls(needed: u64, channels: u16) -> Option<u64> {
+    (needed > MAX_SYSCTL_BUFFER).then(|| {
+        let total = needed as u128 * channels.max(1) as u128;
+        total
+            .div_ceil(MAX_SYSCTL_BUFFER as u128)
+            .min(u64::MAX as u128) as u64
+    })
+}
+
 /// The `sysctl -w` commands that let `dir`'s buffers reach `needed` bytes (kernel size):
 /// raise both the explicit-request cap and autotuning's maximum, keeping its minimum and
-/// default. Rounded up to a whole MiB.
+/// default. Rounded up to a whole MiB, and at most [`MAX_SYSCTL_BUFFER`] (beyond it, more
+/// channels are the fix: [`channels_within_sysctls`]).
 pub fn fix_commands(dir: Direction, limits: &DirectionLimits, needed: u64) -> Vec<String> {
     let (max_name, tcp_name) = dir.sysctls();
-    let fix = needed.next_multiple_of(1 << 20);
+    let fix = needed.min(MAX_SYSCTL_BUFFER).next_multiple_of(1 << 20);
     vec![
         format!("sysctl -w {max_name}={fix}"),
         format!(
@@ -199,10 +215,13 @@ fn cap_warning(
     rtt: Duration,
 ) -> String {
     let (max_name, tcp_name) = dir.sysctls();
+    let more = channels_within_sysctls(needed, channels)
+        .map(|n| format!(", and {n} channels or more (a buffer cannot exceed 2 GiB)"))
+        .unwrap_or_default();
     format!(
         "{} buffers are capped at {got} bytes per channel ({max_name} = {}, {tcp_name} max = {}): \
          with {channels} channels at {:.1} ms that allows about {:.0} Mbit/s, under the {:.0} \
-         Mbit/s planned; fix: {}",
+         Mbit/s planned; fix: {}{more}",
         dir.noun(),
         limits.request_max,
         limits.autotune.max,

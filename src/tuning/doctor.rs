@@ -338,7 +338,7 @@ fn buffers_for_path(
     channels: u16,
 ) -> Finding {
     let window = bdp::channel_window(rate, rtt, channels);
-    let needed = 2 * window;
+    let needed = window.saturating_mul(2);
     let plan = bdp::plan(BufferRequest::Window(window), l, dir, channels, rtt);
     let path = format!(
         "{} × {} over {channels} channels",
@@ -378,11 +378,17 @@ fn buffers_for_path(
     )
     .detail(format!(
         "{why} This host allows {} bytes, which carries at most about {} at {} even with an \
-         empty queue. {} {SYSCTL_NOTE}",
+         empty queue. {} {SYSCTL_NOTE}{}",
         plan.expected,
         mbit(bdp::buffer_rate(plan.expected, channels, rtt)),
         ms(rtt),
         limits_text(dir, l),
+        bdp::channels_within_sysctls(needed, channels)
+            .map(|n| format!(
+                " A socket buffer cannot exceed 2 GiB (the limits are C ints): the commands \
+                 raise them that far, and the path needs {n} channels or more."
+            ))
+            .unwrap_or_default(),
     ))
     .fix(bdp::fix_commands(dir, l, needed))
 }
@@ -928,6 +934,32 @@ mod tests {
         );
         assert!(r.detail.as_ref().unwrap().contains("needs root"));
         assert_eq!(find(&fs, "buffers.send").status, Status::Ok);
+    }
+
+    /// The sysctls are C ints: a fix never asks for more than 2047 MiB (2,500,853,760 was
+    /// refused when pasted, and a huge path wrapped it to 0), and says how many channels the
+    /// path needs instead.
+    #[test]
+    fn a_fix_stays_within_what_the_sysctls_take() {
+        for (rate, rtt_ms) in [(100_000_000_000, 200), (u64::MAX, 100_000_000)] {
+            let fs = judge(&healthy(), &path(rate, rtt_ms));
+            let r = find(&fs, "buffers.receive");
+            assert_eq!(r.status, Status::Warn, "{r:#?}");
+            assert_eq!(
+                r.fix,
+                [
+                    "sysctl -w net.core.rmem_max=2146435072",
+                    "sysctl -w net.ipv4.tcp_rmem=\"4096 131072 2146435072\"",
+                ]
+            );
+            assert!(
+                r.detail.as_ref().unwrap().contains("channels or more"),
+                "{r:#?}"
+            );
+        }
+        // 100 Gbit/s × 200 ms: 2.5 GB per channel of 4, with headroom 5 GB kernel buffers.
+        assert_eq!(bdp::channels_within_sysctls(5_001_707_520, 4), Some(10));
+        assert_eq!(bdp::channels_within_sysctls(1 << 30, 4), None);
     }
 
     #[test]
