@@ -4,6 +4,7 @@
 //! changed is refused until its line is removed.
 
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::identity::{config_dir, Fingerprint};
@@ -68,17 +69,26 @@ impl KnownServers {
         Ok(found.unwrap_or(Known::Unknown))
     }
 
-    /// Records `server`'s key: one appended line (the directory made as needed).
+    /// Records `server`'s key: one appended line (the directory made as needed), on a line
+    /// of its own even where the file's last line has no newline (one edited by hand): the
+    /// two lines ran together, and the server of the last one was no longer known.
     pub fn record(&self, server: &str, key: Fingerprint) -> std::io::Result<()> {
         if let Some(dir) = self.path.parent() {
             std::fs::create_dir_all(dir)?;
         }
         let mut f = std::fs::OpenOptions::new()
+            .read(true)
             .append(true)
             .create(true)
             .open(&self.path)?;
+        let len = f.metadata()?.len();
+        let mut last = [b'\n'];
+        if len > 0 {
+            f.read_exact_at(&mut last, len - 1)?;
+        }
+        let start = if last[0] == b'\n' { "" } else { "\n" };
         // One write, so lines of clients recording at once do not interleave.
-        f.write_all(format!("{server} {key}\n").as_bytes())
+        f.write_all(format!("{start}{server} {key}\n").as_bytes())
     }
 }
 
@@ -109,5 +119,29 @@ mod tests {
             }
         );
         assert_eq!(k.lookup("h").unwrap(), Known::Unknown);
+    }
+
+    #[test]
+    fn a_key_recorded_after_a_last_line_without_newline_keeps_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("known");
+        let (a, b) = (Fingerprint::test_value(1), Fingerprint::test_value(2));
+        std::fs::write(&path, format!("a:1 {a}")).unwrap();
+        let k = KnownServers::at(&path);
+        k.record("b:2", b).unwrap();
+        assert_eq!(
+            k.lookup("a:1").unwrap(),
+            Known::Key {
+                fingerprint: a,
+                line: 1
+            }
+        );
+        assert_eq!(
+            k.lookup("b:2").unwrap(),
+            Known::Key {
+                fingerprint: b,
+                line: 2
+            }
+        );
     }
 }
