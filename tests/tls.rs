@@ -204,6 +204,67 @@ fn a_server_key_is_recorded_then_a_changed_key_is_refused() {
     summary(&copy(&file, port, "five", &known_arg));
 }
 
+/// A server is recorded only once it has proved it holds the token: anyone who got to the
+/// port first, without the token, was recorded, and the real server then refused as a
+/// changed key.
+#[test]
+fn a_server_that_fails_the_token_handshake_is_not_recorded() {
+    let (src, root, keys) = (tempdir(), tempdir(), tempdir());
+    let file = src.path().join("f");
+    random_file(&file, 1000, 6);
+    let (token, other) = (keys.path().join("token"), keys.path().join("other"));
+    hsxfer::session::token::new(&token).unwrap();
+    hsxfer::session::token::new(&other).unwrap();
+    let known = keys.path().join("known_servers");
+    let port = free_port();
+    isolate_profiles();
+    let _server = ServerProc(
+        Command::new(BIN)
+            .args(["serve", "--port", &port.to_string(), "--token-file"])
+            .arg(&token)
+            .arg("--key-file")
+            .arg(keys.path().join("key"))
+            .arg("--root")
+            .arg(root.path())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_listening(port);
+    let push = |token: &Path| {
+        Command::new(BIN)
+            .args([
+                "copy",
+                "--json",
+                "--port",
+                &port.to_string(),
+                "--token-file",
+            ])
+            .arg(token)
+            .arg("--known-servers")
+            .arg(&known)
+            .arg(&file)
+            .arg("127.0.0.1:f")
+            .output()
+            .unwrap()
+    };
+    let refused = push(&other);
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("authentication refused"),
+        "{}",
+        stderr(&refused)
+    );
+    assert_eq!(fs::read_to_string(&known).unwrap_or_default(), "");
+    let s = summary(&push(&token));
+    assert!(s["tuning"]["notes"].to_string().contains("first contact"));
+    let line = format!(
+        "127.0.0.1:{port} {}\n",
+        fingerprint(&keys.path().join("key"))
+    );
+    assert_eq!(fs::read_to_string(&known).unwrap(), line);
+}
+
 /// Clear text needs both ends: a server that allows only TLS refuses a `--no-encrypt` client
 /// in one line that says what to do, and writes nothing.
 #[test]

@@ -84,8 +84,36 @@ pub(crate) struct OpenedControl {
     /// How the session's data channels open: in TLS they accept exactly the control
     /// connection's key.
     pub opener: Opener,
-    /// What the client should tell the user (a key recorded on first contact).
-    pub note: Option<String>,
+    /// A server met for the first time, to record once it has proved it holds the token.
+    pub first_contact: Option<FirstContact>,
+}
+
+/// A server whose key the known-servers file does not hold yet. Its key is recorded only
+/// once the server has proved it holds the session's token ([`FirstContact::record`]): one
+/// that cannot (anyone who got to the port or the path first) recorded its own key, and the
+/// real server was refused as a changed key from then on.
+#[derive(Debug)]
+pub(crate) struct FirstContact {
+    file: KnownServers,
+    server: String,
+    key: Fingerprint,
+}
+
+impl FirstContact {
+    /// Records the key; returns what to tell the user.
+    pub(crate) fn record(self) -> String {
+        let FirstContact { file, server, key } = self;
+        match file.record(&server, key) {
+            Ok(()) => format!(
+                "first contact with {server}: its key {key} is now recorded in {}",
+                file.path().display()
+            ),
+            Err(e) => format!(
+                "first contact with {server} (key {key}); recording it in {} failed: {e}",
+                file.path().display()
+            ),
+        }
+    }
 }
 
 /// Opens the control connection to `server` (`HOST:PORT`, the known-servers name) over
@@ -105,7 +133,7 @@ pub(crate) async fn open_control(
             return Ok(OpenedControl {
                 stream,
                 opener: Opener::Clear,
-                note: None,
+                first_contact: None,
             });
         }
         Security::Tls(t) => t,
@@ -149,23 +177,18 @@ pub(crate) async fn open_control(
     let seen = tls
         .seen()
         .expect("a TLS handshake checked the server's key");
-    let note = match (pinned, trust) {
-        (None, Trust::KnownServers(file)) => Some(match file.record(server, seen) {
-            Ok(()) => format!(
-                "first contact with {server}: its key {seen} is now recorded in {}",
-                file.path().display()
-            ),
-            Err(e) => format!(
-                "first contact with {server} (key {seen}); recording it in {} failed: {e}",
-                file.path().display()
-            ),
+    let first_contact = match (pinned, trust) {
+        (None, Trust::KnownServers(file)) => Some(FirstContact {
+            file: file.clone(),
+            server: server.to_string(),
+            key: seen,
         }),
         _ => None,
     };
     Ok(OpenedControl {
         stream,
         opener: Opener::Tls(ClientTls::new(Some(seen))),
-        note,
+        first_contact,
     })
 }
 

@@ -16,6 +16,7 @@ use super::mptcp_paths::PathManager;
 use super::receiver::{ReceiveEngine, Sink};
 use super::report::{LiveStats, SideOutcome, TransferReport, TuningReport};
 use super::sampler::SendingSide;
+use super::secure::FirstContact;
 use super::sender::{Announced, SendEngine};
 use super::source::SendSource;
 use super::tuning::{enforce_congestion, read_setup};
@@ -130,6 +131,7 @@ impl Client {
         let mut ctrl = opened.stream;
         let peer = addr.to_string();
         let (_, skey) = handshake::client_control(&mut ctrl, &self.opts.auth.key(), &peer).await?;
+        opened.first_contact.map(FirstContact::record);
         let (mut r, mut w) = control_pair(ctrl, &skey, WireSide::Client);
         let mut opening = ClientOpening::new();
         let rtt = match kernel_rtt(r.get_ref()) {

@@ -19,7 +19,7 @@ use crate::session::growth::{connect_channel, open_channel, timed_connect, Conne
 use crate::session::handshake::{self, Opener};
 use crate::session::mptcp_paths::PathManager;
 use crate::session::report::LiveStats;
-use crate::session::secure::{open_control, OpenedControl};
+use crate::session::secure::{open_control, FirstContact, OpenedControl};
 use crate::session::tuning::{check_congestion, enforce_congestion, read_setup, LocalPlan};
 use crate::session::wire::{control_pair, ControlReader, ControlWriter, Side as WireSide};
 use crate::transport::mptcp::{self, SubflowCounts, MAX_EXTRA_SUBFLOWS};
@@ -80,7 +80,7 @@ impl Client {
         let OpenedControl {
             stream: mut ctrl,
             opener,
-            note: key_note,
+            first_contact,
         } = open_control(&self.opts.security, &self.server_name(), tcp, &peer).await?;
         ready_tx.send_replace(Ready::Opened(opener.clone()));
         let dial = |prepared: &Prepared| Dialer {
@@ -91,6 +91,7 @@ impl Client {
         };
         let (session, skey) =
             handshake::client_control(&mut ctrl, &self.opts.auth.key(), &peer).await?;
+        let key_note = first_contact.map(FirstContact::record);
         let cipher_suite = ctrl.cipher_suite();
         let (mut ctrl_r, mut ctrl_w) = control_pair(ctrl, &skey, WireSide::Client);
         let mut opening = ClientOpening::new();
