@@ -85,6 +85,12 @@ impl SshLaunch {
     /// # Ok(()) }
     /// ```
     pub async fn start(&self, target: &str, root: &str) -> Result<OneShot> {
+        if target.starts_with('-') {
+            // ssh would read it as an option: `-oProxyCommand=...` runs a command here.
+            return Err(Error::Usage(format!(
+                "host '{target}' starts with '-': name a host (write a local path as ./{target})"
+            )));
+        }
         let (program, options) = self
             .command
             .split_first()
@@ -208,6 +214,31 @@ mod tests {
         assert_eq!(shell_quote(""), "''");
         assert_eq!(shell_quote("a b"), "'a b'");
         assert_eq!(shell_quote("it's; rm -rf ~"), r"'it'\''s; rm -rf ~'");
+    }
+
+    /// A host that starts with '-' never reaches ssh, which would read it as an option
+    /// (`-oProxyCommand=CMD` ran CMD here).
+    #[tokio::test]
+    async fn a_host_that_looks_like_an_option_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ran = dir.path().join("ran");
+        let launch = SshLaunch {
+            command: vec![
+                "sh".into(),
+                "-c".into(),
+                format!("touch {}; exit 1", ran.display()),
+                "sh".into(),
+            ],
+            ..SshLaunch::default()
+        };
+        let e = launch
+            .start("-oProxyCommand=touch pwned", ".")
+            .await
+            .err()
+            .unwrap();
+        assert!(matches!(e, Error::Usage(_)), "{e}");
+        assert!(e.to_string().contains("starts with '-'"), "{e}");
+        assert!(!ran.exists(), "ssh was run");
     }
 
     #[tokio::test]
