@@ -13,6 +13,15 @@ pub fn span(size: u64, block_size: u32, index: u64) -> (u64, u32) {
     (off, len)
 }
 
+/// Bytes in the blocks `held` of a file of `size` bytes: a short last block counts its
+/// own length (a resumed pull that held only the last byte counted a whole block).
+pub fn held_bytes(size: u64, block_size: u32, held: impl IntoIterator<Item = u64>) -> u64 {
+    let bs = block_size as u64;
+    held.into_iter()
+        .map(|index| size.saturating_sub(index.saturating_mul(bs)).min(bs))
+        .sum()
+}
+
 /// The block index a frame at `offset` with `len` bytes must be, or `None` when it is not
 /// exactly one block of the grid.
 pub fn index_of(size: u64, block_size: u32, offset: u64, len: u32) -> Option<u64> {
@@ -27,6 +36,16 @@ pub fn index_of(size: u64, block_size: u32, offset: u64, len: u32) -> Option<u64
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn held_bytes_count_a_short_last_block_as_its_length() {
+        // 12,582,913 bytes in 4 MiB blocks: three whole blocks and one of 1 byte.
+        let (size, bs) = (12_582_913, 4 << 20);
+        assert_eq!(held_bytes(size, bs, [3]), 1);
+        assert_eq!(held_bytes(size, bs, [0, 3]), (4 << 20) + 1);
+        assert_eq!(held_bytes(size, bs, 0..4), size);
+        assert_eq!(held_bytes(size, bs, [9]), 0, "beyond the end");
+    }
 
     #[test]
     fn grid() {

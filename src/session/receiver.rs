@@ -20,6 +20,7 @@ use super::growth::{admit_channels, recv_or_pending, Arrivals, Growth};
 use super::report::{LiveStats, SideOutcome};
 use super::stream_order::{hold_limit, OrderedSink};
 use super::wire::{read_header, read_payload, ControlReader, ControlWriter};
+use crate::channels::blocks;
 use crate::channels::control::{FilePlan, Message, PlanAction};
 use crate::channels::frame::{BlockHeader, DigestKey};
 use crate::channels::manifest::{split_after_files, Entry, EntryKind};
@@ -448,8 +449,8 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                     PlanAction::Skip
                 }
                 Some(Prepared::Write { file, have }) => {
-                    let have_bytes = have.len() as u64 * bs as u64;
-                    out.bytes_resumed += have_bytes.min(size);
+                    let have_bytes = blocks::held_bytes(size, bs, have.iter().map(|h| h.0));
+                    out.bytes_resumed += have_bytes;
                     self.live.expect_more(size.saturating_sub(have_bytes));
                     s.tracker.expect(entry.id, size, &have);
                     if let Some(slot) = slots.as_mut().and_then(|s| s.split(1)) {
