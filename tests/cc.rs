@@ -170,6 +170,20 @@ fn load_use_kill_pin_unload() {
     assert_eq!(listed(cc)["origin"], "bpf_pinned");
     let out = hsxfer(&["cc", "load", cc, "--pin"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("already registered"));
+    // Not as another user: it said "unregistered" and left it registered.
+    let nobody = {
+        use std::os::unix::process::CommandExt;
+        Command::new(program())
+            .args(["cc", "unload", cc])
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap()
+    };
+    let err = String::from_utf8_lossy(&nobody.stderr);
+    assert!(!nobody.status.success(), "{nobody:?}");
+    assert!(err.contains("needs root"), "{err}");
+    assert!(available(cc));
     let out = hsxfer(&["cc", "unload", cc]);
     assert!(out.status.success(), "{out:?}");
     assert!(!available(cc));

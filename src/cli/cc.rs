@@ -152,6 +152,14 @@ async fn load(names: &[&'static str], pin: bool) -> anyhow::Result<bool> {
 }
 
 fn unload(names: &[&'static str]) -> anyhow::Result<bool> {
+    if !hsxfer::transport::cc::privileged() {
+        // Without it nothing can be detached or unpinned, and nothing says so.
+        bail!(
+            "unregistering congestion controls needs root (CAP_BPF and CAP_NET_ADMIN): run \
+             `sudo hsxfer cc unload {}`",
+            names.join(" ")
+        );
+    }
     for name in names {
         let origin = inspect::origin(name);
         if origin == Origin::Kernel {

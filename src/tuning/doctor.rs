@@ -20,8 +20,10 @@ use crate::transport::route;
 
 /// Where the kernel exposes its BTF, which BPF congestion controls are relocated against.
 const BTF: &str = "/sys/kernel/btf/vmlinux";
-/// The first kernel with BPF `struct_ops` congestion controls.
-const STRUCT_OPS_KERNEL: (u32, u32) = (5, 6);
+/// The first kernel that registers hsxfer's bundled congestion controls: BPF `struct_ops`
+/// congestion controls came in 5.6, but the bundled objects declare theirs as links
+/// (`SEC(".struct_ops.link")`, `BPF_F_LINK`), which came in 6.4.
+const STRUCT_OPS_KERNEL: (u32, u32) = (6, 4);
 /// Round-trip times the buffer limits are translated into throughput at when no path is given.
 const TYPICAL_RTTS_MS: [u64; 4] = [20, 60, 120, 250];
 /// Appended to findings whose fix is a `sysctl -w`.
@@ -776,7 +778,8 @@ fn bpf_finding(btf: bool, root: bool, kernel: Option<&str>) -> Finding {
     let version = kernel.and_then(kernel_version);
     match (kernel, version) {
         (Some(k), Some(v)) if v < STRUCT_OPS_KERNEL => problems.push(format!(
-            "kernel {k} predates 5.6, the first with struct_ops congestion controls"
+            "kernel {k} predates 6.4, the first that registers struct_ops congestion controls \
+             as links, as the bundled ones are"
         )),
         (_, None) => problems.push("the kernel version is unknown".to_string()),
         _ => {}
@@ -1043,7 +1046,11 @@ mod tests {
             .contains("run as root"));
         assert!(bpf_finding(true, true, Some("5.4.0-150-generic"))
             .summary
-            .contains("predates 5.6"));
+            .contains("predates 6.4"));
+        // Debian 12's kernel has struct_ops, but not as links: the bundled ones fail there.
+        let debian12 = bpf_finding(true, true, Some("6.1.0-18-amd64"));
+        assert_eq!(debian12.status, Status::Warn);
+        assert_eq!(bpf_finding(true, true, Some("6.4.0")).status, Status::Ok);
         assert_eq!(kernel_version("6.18.44-fc-v669"), Some((6, 18)));
         assert_eq!(kernel_version("weird"), None);
     }
