@@ -220,6 +220,25 @@ async fn a_small_copy_does_not_wait_for_staggered_starts() {
     );
 }
 
+/// A channel's `started_s` counts from the data phase, not from the client's clock, which
+/// runs from before its set-up: a push whose caller made its counters 2 s before reported
+/// its channel started 2 s in.
+#[tokio::test]
+async fn channels_start_times_count_from_the_data_phase() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    fs::write(src.path().join("small"), b"a few bytes").unwrap();
+    let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
+    let counters = live(1);
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let r = client(addr, 1)
+        .push(&[src.path().join("small")], false, "small", &counters)
+        .await
+        .unwrap();
+    let started = r.channels[0].started_s.unwrap();
+    assert!(started < 1.0, "started {started} s into the data phase");
+}
+
 /// A push learns whether its directories could be made: the server's word that it is
 /// finished comes after them, so a tree of nothing but directories that the server refuses
 /// (a file stands where a directory goes) fails the copy instead of reporting success.

@@ -160,6 +160,10 @@ struct Crew {
     /// Turns true when no block is left to send: a channel whose staggered start is still
     /// ahead then ends at once instead of holding the session's end until its start.
     ended: watch::Receiver<bool>,
+    /// When the data phase began on `live`'s clock, seconds: a client's clock runs from
+    /// before its set-up (the walk of its tree, the handshakes), and channels' start times
+    /// count from the data phase.
+    began_s: f64,
 }
 
 impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
@@ -168,6 +172,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
             index,
             start_at: tokio::time::Instant::now(),
             ended: crew.ended.clone(),
+            began_s: crew.began_s,
             gate: self.gate.as_ref().map(|g| g.subscribe()),
             stream,
             jobs: crew.jobs.clone(),
@@ -193,6 +198,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
             sent_blocks: Arc::new(AtomicU64::new(0)),
             work: FileWork::per_core(),
             ended: ended_rx,
+            began_s: self.live.elapsed(),
         };
         let mut tasks = JoinSet::new();
         let began = tokio::time::Instant::now();
@@ -374,6 +380,7 @@ struct ChannelSender {
     index: usize,
     start_at: tokio::time::Instant,
     ended: watch::Receiver<bool>,
+    began_s: f64,
     gate: Option<watch::Receiver<u16>>,
     stream: Stream,
     jobs: async_channel::Receiver<Job>,
@@ -438,7 +445,7 @@ impl ChannelSender {
                 started = true;
                 self.live
                     .telemetry
-                    .mark_started(self.index, self.live.elapsed());
+                    .mark_started(self.index, self.live.elapsed() - self.began_s);
             }
             let data: &[u8] = match &self.reader {
                 BlockReader::Pattern(p) => &p[..job.len as usize],
