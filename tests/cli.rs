@@ -473,6 +473,36 @@ fn json_events_follow_the_documented_schema() {
         "{s}"
     );
 
+    // The summary's notes are the warnings' texts, flags and all (they named the library's
+    // fields, `` `mptcp` ``, where the warnings said --mptcp).
+    let out = hsxfer(&[
+        "copy",
+        "--mptcp",
+        "--no-auth",
+        "--json",
+        "--port",
+        &port.to_string(),
+        "127.0.0.1:f",
+        "/dev/null",
+    ]);
+    assert!(out.status.success());
+    let events = common::validated_events(&out.stdout);
+    let warnings: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| e["type"] == "warning")
+        .map(|e| &e["message"])
+        .collect();
+    let notes: Vec<&serde_json::Value> = events.last().unwrap()["tuning"]["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .collect();
+    assert!(
+        warnings.iter().any(|w| w.to_string().contains("--mptcp")),
+        "{warnings:?}"
+    );
+    assert_eq!(warnings, notes);
+
     // A timed bench reports every channel at each interval, with its TCP state.
     let out = hsxfer(&[
         "bench",

@@ -285,19 +285,24 @@ fn progress_events(live: &LiveStats, bytes: &[u64], rates: &[f64]) {
     }
 }
 
-/// Prints the final summary (and the limits noted during set-up as warnings).
+/// Prints the final summary (and the limits noted during set-up as warnings). The
+/// summary's notes are the warnings' texts, naming flags where the library's name fields.
 pub fn summary(mode: Mode, r: &TransferReport) {
-    for note in &r.tuning.notes {
-        let note = as_flags(note);
+    let notes: Vec<String> = r.tuning.notes.iter().map(|n| as_flags(n)).collect();
+    for note in &notes {
         if mode == Mode::Json {
             emit(&Event::Warning {
                 message: note.clone(),
             });
         }
-        eprintln!("hsxfer: warning: {}", printable(&note));
+        eprintln!("hsxfer: warning: {}", printable(note));
     }
     match mode {
-        Mode::Json => emit(&Event::summary(r)),
+        Mode::Json => {
+            let mut shown = r.clone();
+            shown.tuning.notes = notes;
+            emit(&Event::summary(&shown))
+        }
         Mode::Human => human_summary(r),
     }
 }
