@@ -670,6 +670,11 @@ fn bad_input_gets_a_clear_one_line_error() {
         "no such file",
     );
     fails_with(&["copy", f, "127.0.0.1:x"], "--token-file");
+    // Refused before connecting: "server refused: a pacing cap of 0 bytes/s" it said.
+    fails_with(
+        &["copy", "--no-auth", "--rate", "0", f, "127.0.0.1:x"],
+        "a --rate of 0 is no path's",
+    );
     fails_with(&["copy", "--no-auth", f, "other"], "both local");
     // Flags that do not parse are the argument parser's usage errors (exit status 2).
     usage_error(

@@ -152,6 +152,20 @@ impl TransferOptions {
                 limits::MAX_BLOCK
             )));
         }
+        if let PathRate::Given(0) | PathRate::Measured(0) | PathRate::Saved(0) = self.rate {
+            return Err(Error::Usage(
+                "a `rate` of 0 is no path's: give the bottleneck's rate, or none to have it \
+                 measured"
+                    .into(),
+            ));
+        }
+        if self.pace == PaceChoice::Fixed(0) {
+            return Err(Error::Usage(
+                "a `pace` cap under 8 bits/s would stop every channel: give a higher one, or \
+                 none"
+                    .into(),
+            ));
+        }
         if self.mptcp {
             self.mptcp_paths.check()?;
         }
