@@ -85,4 +85,22 @@ fn window_scaling_off_fails_in_a_namespace() {
             .any(|l| l.starts_with("FAIL tcp.window_scaling:")),
         "{text}"
     );
+    // Traffic to an address of this host leaves by lo, not by the interface that holds the
+    // address, whose MTU and queue were judged.
+    for cmd in [
+        "ip link set lo up",
+        "ip link add hxd0 type veth peer name hxd1",
+        "ip addr add 192.0.2.2/24 dev hxd0",
+        "ip link set hxd0 up",
+    ] {
+        let out = ns.exec(&cmd.split(' ').collect::<Vec<_>>());
+        assert!(out.status.success(), "{cmd}: {out:?}");
+    }
+    let out = ns.exec(&[BIN, "doctor", "192.0.2.2"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let route = text
+        .lines()
+        .find(|l| l.starts_with("INFO route.interface:"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(route.ends_with("leaves from 192.0.2.2 on lo"), "{route}");
 }

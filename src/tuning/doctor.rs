@@ -209,10 +209,15 @@ impl Route {
     fn find(host: Option<IpAddr>) -> Route {
         match host {
             Some(host) => match route::source_addr(host) {
+                // The interface the route leaves by, which need not hold the source address
+                // (a local address leaves by lo; a route's `src` may be on another).
                 Ok(source) => Route::Host {
                     host,
                     source,
-                    interface: route::interface_of(source).ok().flatten(),
+                    interface: route::egress(host, None)
+                        .map(|e| e.dev)
+                        .ok()
+                        .or_else(|| route::interface_of(source).ok().flatten()),
                 },
                 Err(e) => Route::Unreachable {
                     host,
