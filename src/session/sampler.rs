@@ -133,7 +133,7 @@ impl Sampler {
     /// Starts sampling channel `index`'s socket (a duplicate of its descriptor, so it stays
     /// readable after the channel closed), applying what the tuner already decided for it:
     /// for a channel that joins after the tuner switched every channel's congestion
-    /// control, that one. Both locks are held throughout, in the order [`carry_out`] takes
+    /// control, that one. Both locks are held throughout, in the order `carry_out` takes
     /// them, so that a decision carried out meanwhile reaches this socket too.
     pub fn attach(&self, index: usize, sock: &impl AsFd) -> crate::Result<()> {
         let w = Watched::new(
