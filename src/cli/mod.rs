@@ -613,7 +613,7 @@ async fn lab_until_stopped(a: lab::LabArgs) -> anyhow::Result<bool> {
     tokio::select! {
         r = work => r?,
         sig = stop_signal() => {
-            let removed = tokio::task::spawn_blocking(hsxfer::lab::own::remove_claimed).await?;
+            let removed = tokio::task::spawn_blocking(hsxfer::lab::Lab::remove_claimed).await?;
             let what = if removed.is_empty() { "" } else { ": the labs it built are removed" };
             Err(Interrupted(sig, what).into())
         }

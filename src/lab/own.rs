@@ -1,11 +1,9 @@
 //! The labs this process is building or running an experiment on, so that a signal that
-//! stops it can remove them: their delay element and server run in process groups of their
-//! own, and would outlive it with its namespaces, and the next `lab run` would find the name
-//! taken.
+//! stops it can remove them ([`Lab::remove_claimed`](super::Lab::remove_claimed)): their
+//! delay element and server run in process groups of their own, and would outlive it with
+//! its namespaces, and the next `lab run` would find the name taken.
 
 use std::sync::Mutex;
-
-use super::topology::Lab;
 
 static OWN: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
@@ -35,14 +33,9 @@ fn own() -> std::sync::MutexGuard<'static, Vec<String>> {
     OWN.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Removes every lab this process claimed (what was built of it so far, for one being
-/// built); returns their names. For a process about to end on a signal.
-pub fn remove_claimed() -> Vec<String> {
-    let names = std::mem::take(&mut *own());
-    for name in &names {
-        let _ = Lab::down(name);
-    }
-    names
+/// The names of every lab this process claimed, given up.
+pub fn take_claimed() -> Vec<String> {
+    std::mem::take(&mut *own())
 }
 
 #[cfg(test)]

@@ -249,6 +249,16 @@ impl Lab {
         }
     }
 
+    /// Removes every lab this process claimed (what was built of it so far, for one being
+    /// built); returns their names. For a process about to end on a signal.
+    pub fn remove_claimed() -> Vec<String> {
+        let names = super::own::take_claimed();
+        for name in &names {
+            let _ = Lab::down(name);
+        }
+        names
+    }
+
     /// Gives up this process's claim on a lab it built: the lab stays up after the process
     /// ends, whatever stops it.
     pub fn release(&mut self) {

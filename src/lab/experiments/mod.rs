@@ -212,7 +212,7 @@ fn check_available(catalog: &CcCatalog, ccs: &[String]) -> Result<(), LabError> 
 }
 
 /// A lab that an experiment owns: removed when dropped, whatever happened, or by
-/// [`remove_claimed`](crate::lab::own::remove_claimed) when a signal stops the process.
+/// [`Lab::remove_claimed`] when a signal stops the process.
 pub struct OwnedLab(pub Lab);
 
 impl OwnedLab {
