@@ -442,17 +442,14 @@ fn json_events_follow_the_documented_schema() {
     random_file(&root.path().join("f"), 9 << 20, 5);
     let port = free_port();
     let _server = serve(root.path(), port);
-    let out = hsxfer(&[
-        "copy",
-        "-n",
-        "3",
-        "--no-auth",
-        "--json",
-        "--port",
-        &port.to_string(),
-        "127.0.0.1:f",
-        "/dev/null",
-    ]);
+    let port_arg = port.to_string();
+    let pull = |extra: &[&str]| {
+        let mut args = vec!["copy", "--no-auth", "--json", "--port", &port_arg];
+        args.extend(extra);
+        args.extend(["127.0.0.1:f", "/dev/null"]);
+        hsxfer(&args)
+    };
+    let out = pull(&["-n", "3"]);
     assert!(out.status.success());
     let events = common::validated_events(&out.stdout);
     assert_eq!(events[0]["type"], "start");
@@ -475,16 +472,7 @@ fn json_events_follow_the_documented_schema() {
 
     // The summary's notes are the warnings' texts, flags and all (they named the library's
     // fields, `` `mptcp` ``, where the warnings said --mptcp).
-    let out = hsxfer(&[
-        "copy",
-        "--mptcp",
-        "--no-auth",
-        "--json",
-        "--port",
-        &port.to_string(),
-        "127.0.0.1:f",
-        "/dev/null",
-    ]);
+    let out = pull(&["--mptcp"]);
     assert!(out.status.success());
     let events = common::validated_events(&out.stdout);
     let warnings: Vec<&serde_json::Value> = events

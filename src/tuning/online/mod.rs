@@ -349,8 +349,9 @@ impl OnlineTuner {
         (cc, self.cap())
     }
 
-    /// The congestion control the channels run now: `capped_cc` while caps hold them (or
-    /// will, once the meter ends), `steady_cc` otherwise.
+    /// The congestion control the channels run now: the one the tuner switched them all to,
+    /// once it did; else `capped_cc` while caps hold them (or will, once the meter ends),
+    /// `steady_cc` otherwise.
     fn cc_now(&self) -> Option<String> {
         if let Some(switched) = &self.switched {
             return Some(switched.clone());
