@@ -323,7 +323,14 @@ pub fn rank(trials: &[Trial], preference: &[Config]) -> Vec<Ranked> {
             goodputs.get(i - 1).copied()
         };
         let gap = neighbour.map_or(1.0, |g| (r.goodput_bps - g).abs() / r.goodput_bps.max(1.0));
-        r.confidence = (gap / (gap + *spread)).clamp(0.0, 1.0);
+        // Equal goodputs measured without spread (all trials moved nothing, say) are a tie
+        // with no evidence either way: 0, not 0/0.
+        let evidence = gap + *spread;
+        r.confidence = if evidence > 0.0 {
+            (gap / evidence).clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
     }
     ranked.into_iter().map(|(r, _)| r).collect()
 }
@@ -698,6 +705,30 @@ mod tests {
         );
         assert!(clear[0].confidence > 0.99, "{clear:?}");
         assert!(r[0].confidence < 0.5, "{r:?}");
+    }
+
+    #[test]
+    fn trials_that_all_moved_nothing_have_confidence_zero_not_nan() {
+        let cfg = |cc: &str| Config {
+            cc: cc.into(),
+            channels: 4,
+            paced: false,
+        };
+        let zero = |c: Config| Trial {
+            config: c,
+            goodput: 0.0,
+            retransmit_rate: 0.0,
+        };
+        let r = rank(
+            &[
+                zero(cfg("cubic")),
+                zero(cfg("cubic")),
+                zero(cfg("reno")),
+                zero(cfg("reno")),
+            ],
+            &[],
+        );
+        assert!(r.iter().all(|x| x.confidence == 0.0), "{r:?}");
     }
 
     #[test]
