@@ -129,6 +129,7 @@ struct Outcome {
 
 /// Runs the benchmark.
 pub fn run(opts: &RunOptions, log: &mut dyn FnMut(&str)) -> Result<Report, LabError> {
+    check_base_name(&opts.lab_name)?;
     let (channels, seconds, warmup): (Vec<u16>, f64, f64) = if opts.quick {
         (vec![1, 4], 5.0, 2.0)
     } else {
@@ -163,6 +164,20 @@ pub fn run(opts: &RunOptions, log: &mut dyn FnMut(&str)) -> Result<Report, LabEr
     Ok(report(
         opts, &outcomes, &ccs, &skipped, &channels, seconds, warmup,
     ))
+}
+
+/// Refuses a `--name` that leaves no room for the path's letter, which each path's lab name
+/// adds to it, before anything is built.
+fn check_base_name(name: &str) -> Result<(), LabError> {
+    let fits = !name.is_empty() && crate::lab::config::check_name(&format!("{name}a")).is_ok();
+    if fits {
+        Ok(())
+    } else {
+        Err(LabError::Invalid(format!(
+            "lab name '{name}' must be 1–7 letters, digits or '_' here: `lab run probe` adds \
+             the path's letter to it"
+        )))
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -692,5 +707,20 @@ fn report(
         markdown: md,
         json,
         files: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_needs_room_for_the_paths_letter() {
+        assert!(check_base_name("hsxlab").is_ok());
+        assert!(check_base_name("abcdefg").is_ok());
+        let e = check_base_name("abcdefgh").unwrap_err().to_string();
+        assert!(e.contains("1–7") && e.contains("abcdefgh"), "{e}");
+        assert!(check_base_name("").is_err());
+        assert!(check_base_name("..").is_err());
     }
 }
