@@ -58,10 +58,31 @@ create_exception!(
     "The server is at one of its session caps: retry later."
 );
 
+/// The library's messages name a few options as Rust items, and each as Python sets it.
+const KEYWORDS: &[(&str, &str)] = &[
+    ("`Security::Clear`", "`encrypt=False`"),
+    ("`ServerBuilder::allow_clear`", "`allow_clear=True`"),
+    ("`Trust::Pinned`", "`server_fingerprint`"),
+    (
+        "`ServerLimits::sessions_per_address`",
+        "`hsxfer serve --max-sessions-per-address`",
+    ),
+    ("`ServerLimits::sessions`", "`hsxfer serve --max-sessions`"),
+];
+
+/// `text` with the Rust items it names as options replaced by Python's keywords.
+fn as_keywords(text: &str) -> String {
+    KEYWORDS
+        .iter()
+        .fold(text.to_string(), |t, (item, keyword)| {
+            t.replace(item, keyword)
+        })
+}
+
 /// The library's error as the Python exception of its kind, with the same one-line message.
 fn raise(e: hsxfer::Error) -> PyErr {
     use hsxfer::Error as E;
-    let message = e.to_string();
+    let message = as_keywords(&e.to_string());
     match e {
         E::AuthRefused(_) | E::ServerNotAuthentic(_) | E::ServerKeyChanged { .. } => {
             AuthError::new_err(message)
@@ -266,8 +287,9 @@ impl Options {
     }
 }
 
-/// What a transfer yields besides its report: warnings for Python's `warnings` module.
-type Outcome = (TransferReport, Vec<String>);
+/// What a transfer yields: its report or error, and warnings for Python's `warnings` module,
+/// which are issued whichever it is.
+type Outcome = (hsxfer::Result<TransferReport>, Vec<String>);
 
 /// Runs one operation of a client to `host` after settling its options against the saved
 /// profile of the server and `direction` (or a probe, or neither), and saves what a long
@@ -295,19 +317,23 @@ where
         warnings.push(e.to_string());
     }
     live.ensure_channels(opts.channels as usize);
-    let report = run(Client::new(&host, opts), live).await?;
-    if let Err(e) = profiled.learn(&report) {
-        warnings.push(e.to_string());
+    let report = run(Client::new(&host, opts), live).await;
+    if let Ok(report) = &report {
+        if let Err(e) = profiled.learn(report) {
+            warnings.push(e.to_string());
+        }
     }
     Ok((report, warnings))
 }
 
-/// The report as JSON, after handing the warnings to Python's `warnings` module.
+/// The report as JSON (or the transfer's error raised), after handing the warnings to
+/// Python's `warnings` module.
 fn finish(py: Python<'_>, (report, warnings): Outcome) -> PyResult<String> {
     for w in warnings {
-        PyErr::warn(py, &py.get_type::<PyUserWarning>(), &CString::new(w)?, 1)?;
+        let text = CString::new(as_keywords(&w))?;
+        PyErr::warn(py, &py.get_type::<PyUserWarning>(), &text, 1)?;
     }
-    json(&report)
+    json(&report.map_err(raise)?)
 }
 
 /// `copy(operands, options)`: the last operand is the destination; `HOST:PATH` operands are

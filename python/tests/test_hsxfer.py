@@ -130,6 +130,28 @@ def test_a_wrong_token_raises_auth_error_with_the_cli_message(served, tmp_path):
     assert isinstance(e.value, hsxfer.Error)
 
 
+def test_warnings_are_issued_when_the_transfer_then_fails(served, own_profiles, tmp_path):
+    server, _, _ = served
+    random_file(tmp_path / "one", 1000)
+    own_profiles.mkdir(parents=True)
+    (own_profiles / f"127.0.0.1_{server.port}_push.json").write_text("{ truncated")
+    other = write_token(tmp_path / "other-token")
+    with pytest.warns(UserWarning, match="profile .* is unreadable"):
+        with pytest.raises(hsxfer.AuthError):
+            hsxfer.push(str(tmp_path / "one"), remote(server, "x"), port=server.port,
+                        token_file=other)
+
+
+def test_messages_name_python_keywords_not_rust_items(tmp_path):
+    random_file(tmp_path / "one", 1000)
+    with hsxfer.Server(tmp_path) as s:
+        with pytest.raises(hsxfer.ConnectError) as e:
+            hsxfer.push(str(tmp_path / "one"), "127.0.0.1:x", port=s.port, encrypt=False)
+    message = str(e.value)
+    assert "encrypt=False" in message and "allow_clear=True" in message, message
+    assert "::" not in message, message
+
+
 def test_nothing_listening_raises_connect_error(tmp_path):
     random_file(tmp_path / "one", 1000)
     with hsxfer.Server(tmp_path) as s:
