@@ -754,8 +754,11 @@ impl PartialFile {
                     .set_modified(ns_to_system_time(self.meta.mtime_ns))
             }
             CommitStep::SyncFile => {
+                // A background flush that failed must fail the commit: the kernel reports a
+                // writeback error once per open file, so the `sync_all` below, on the same
+                // open file, would return success over data that never reached the disk.
                 if let Some(j) = &self.journal {
-                    let _ = j.lock().expect("journal lock").settle();
+                    j.lock().expect("journal lock").settle()?;
                 }
                 self.file.sync_all()
             }
@@ -809,8 +812,11 @@ impl Drop for PartialFile {
             // Keep what is durable for a resume: flush pending records after a data sync.
             Some(j) => {
                 if let Ok(mut j) = j.lock() {
-                    let _ = j.settle();
-                    if !j.pending.is_empty() {
+                    // After a failed sync, a later one may succeed over the lost writes (the
+                    // error is reported once): record nothing more, and let a resume send
+                    // the blocks of the pending records again.
+                    let settled = j.settle();
+                    if settled.is_ok() && !j.pending.is_empty() {
                         if let Ok(sync) = j.take_sync(&self.file) {
                             let _ = sync();
                         }
@@ -1173,6 +1179,19 @@ mod tests {
             file.write_block(offset, bytes).unwrap();
         }
         file
+    }
+
+    #[test]
+    fn a_background_sync_that_failed_fails_the_commit() {
+        let t = tempfile::tempdir().unwrap();
+        let target = t.path().join("f");
+        let f = written_whole(&target);
+        f.journal.as_ref().unwrap().lock().unwrap().syncing = Some(std::thread::spawn(|| {
+            Err(io::Error::from_raw_os_error(libc::EIO))
+        }));
+        let e = f.commit(|_| {}).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+        assert!(!target.exists(), "nothing under the final name");
     }
 
     /// Another version of `meta(10)`'s file (a later mtime): never skipped as already there.
