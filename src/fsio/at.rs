@@ -75,9 +75,12 @@ pub fn fstat(f: &impl AsRawFd) -> io::Result<FileStat> {
     Ok(nix::sys::stat::fstat(f.as_raw_fd())?)
 }
 
-/// Modification time in nanoseconds since the epoch, as manifests carry it.
+/// Modification time in nanoseconds since the epoch, as manifests carry it: held to what
+/// that can say (1677 to 2262), where the plain sum wrapped a time in 2300 to one in 1715.
 pub fn mtime_ns(s: &FileStat) -> i64 {
-    s.st_mtime * 1_000_000_000 + s.st_mtime_nsec
+    s.st_mtime
+        .saturating_mul(1_000_000_000)
+        .saturating_add(s.st_mtime_nsec)
 }
 
 /// True when `s` is a symlink.
@@ -93,4 +96,23 @@ pub fn is_file(s: &FileStat) -> bool {
 /// True when `s` is a directory.
 pub fn is_dir(s: &FileStat) -> bool {
     s.st_mode & libc::S_IFMT == libc::S_IFDIR
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn a_time_past_2262_is_held_to_the_latest_a_manifest_can_say() {
+        let t = tempfile::tempdir().unwrap();
+        let f = std::fs::File::create(t.path().join("f")).unwrap();
+        // 2299-07-25: ext4 and tmpfs keep times up to 2446.
+        f.set_modified(UNIX_EPOCH + Duration::from_secs(10_400_000_000))
+            .unwrap();
+        assert_eq!(mtime_ns(&fstat(&f).unwrap()), i64::MAX);
+        f.set_modified(UNIX_EPOCH + Duration::new(1_700_000_000, 5))
+            .unwrap();
+        assert_eq!(mtime_ns(&fstat(&f).unwrap()), 1_700_000_000_000_000_005);
+    }
 }
