@@ -70,7 +70,7 @@ fn scheduling(c: &mut Criterion) {
                         let EntryKind::File { size } = e.kind else {
                             continue;
                         };
-                        t.expect(e.id, size, &[]);
+                        t.expect(e.id, size, &[]).unwrap();
                         let plan = FilePlan {
                             file: e.id,
                             action: PlanAction::Send { have: vec![] },

@@ -66,7 +66,7 @@ fn run(seed: u64) -> Faults {
             have.push((0, BlockCheck::of(&KEY, &f[..BS as usize])));
             have.push((1, Digest([0xEE; 32]))); // stale: must be re-sent
         }
-        tracker.expect(id, f.len() as u64, &have);
+        tracker.expect(id, f.len() as u64, &have).unwrap();
         plans.push(FilePlan {
             file: id,
             action: PlanAction::Send {

@@ -589,6 +589,7 @@ impl Server {
                         .is_some_and(|f| f.len() as u64 == size)
                     {
                         self.skipped += 1;
+                        self.tracker.skip(id).expect("each id is announced once");
                         plans.push(FilePlan {
                             file: id,
                             action: PlanAction::Skip,
@@ -611,7 +612,9 @@ impl Server {
                             Vec::new()
                         }
                     };
-                    self.tracker.expect(id, size, &have);
+                    self.tracker
+                        .expect(id, size, &have)
+                        .expect("each id is announced once");
                     received += 1;
                     plans.push(FilePlan {
                         file: id,

@@ -2,6 +2,7 @@
 //! their digests), whether a file is complete and matches the sender's seal, and when the
 //! whole session is ([`Completion`]).
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
 use super::blocks;
@@ -55,12 +56,19 @@ impl ReceiveTracker {
     }
 
     /// Starts tracking a file of `size` bytes of which `have` (from the restart journal) is
-    /// already durable.
-    pub fn expect(&mut self, file: u32, size: u64, have: &[(u64, Digest)]) {
+    /// already durable. An id the manifest used before is refused: taking it again would
+    /// drop the file that holds it, never reported done or failed, and could commit the new
+    /// one on the old one's verdict.
+    pub fn expect(
+        &mut self,
+        file: u32,
+        size: u64,
+        have: &[(u64, Digest)],
+    ) -> Result<(), Violation> {
         let blocks = blocks::count(size, self.block_size);
         // A block recorded twice (re-sent after a failed seal) keeps its latest digest.
         let got = have.iter().filter(|(b, _)| *b < blocks).copied().collect();
-        self.files.insert(
+        self.claim(
             file,
             RecvFile {
                 size,
@@ -70,7 +78,34 @@ impl ReceiveTracker {
                 sealed: false,
                 complete: false,
             },
-        );
+        )
+    }
+
+    /// Records a file the plan skips, so that its id is not taken again either.
+    pub fn skip(&mut self, file: u32) -> Result<(), Violation> {
+        self.claim(
+            file,
+            RecvFile {
+                size: 0,
+                blocks: 0,
+                got: HashMap::new(),
+                seal: Vec::new(),
+                sealed: true,
+                complete: true,
+            },
+        )
+    }
+
+    fn claim(&mut self, file: u32, f: RecvFile) -> Result<(), Violation> {
+        match self.files.entry(file) {
+            Entry::Occupied(_) => Err(Violation(format!(
+                "the manifest announced file id {file} twice"
+            ))),
+            Entry::Vacant(v) => {
+                v.insert(f);
+                Ok(())
+            }
+        }
     }
 
     /// True once `file` is tracked (its plan made).
@@ -186,6 +221,11 @@ impl Completion {
                  the same hsxfer version on both ends)"
             )));
         }
+        if self.manifest_done {
+            return Err(Violation(
+                "the sender announced files after its manifest's last piece".into(),
+            ));
+        }
         self.manifest_done = last;
         self.unplanned += files;
         Ok(())
@@ -220,7 +260,7 @@ mod tests {
     #[test]
     fn completes_only_when_all_blocks_match_the_seal() {
         let mut t = ReceiveTracker::new(4);
-        t.expect(1, 10, &[(1, d(1))]);
+        t.expect(1, 10, &[(1, d(1))]).unwrap();
         assert!(!t.wants(1, 1));
         assert!(t.wants(1, 0));
         assert_eq!(t.on_block(1, 0, d(0)), Verdict::Pending);
@@ -245,13 +285,13 @@ mod tests {
     fn a_huge_announced_size_allocates_nothing_and_a_seal_may_come_in_pieces() {
         let mut t = ReceiveTracker::new(4);
         // 2^61 blocks: a per-block table would abort the process.
-        t.expect(1, 1 << 63, &[(u64::MAX, d(1))]);
+        t.expect(1, 1 << 63, &[(u64::MAX, d(1))]).unwrap();
         assert!(t.wants(1, (1 << 61) - 1) && !t.wants(1, 1 << 61));
         assert!(
             t.on_sealed(1, vec![d(0)], false).is_err(),
             "too short a seal"
         );
-        t.expect(2, 12, &[]);
+        t.expect(2, 12, &[]).unwrap();
         assert_eq!(t.on_sealed(2, vec![d(0)], true).unwrap(), Verdict::Pending);
         assert!(
             t.on_sealed(2, vec![d(1), d(2), d(3)], true).is_err(),
@@ -275,7 +315,7 @@ mod tests {
     #[test]
     fn stale_journal_digest_is_resent() {
         let mut t = ReceiveTracker::new(4);
-        t.expect(1, 4, &[(0, d(5))]);
+        t.expect(1, 4, &[(0, d(5))]).unwrap();
         assert_eq!(
             t.on_sealed(1, vec![d(6)], false).unwrap(),
             Verdict::Resend(vec![0])
@@ -285,12 +325,12 @@ mod tests {
     #[test]
     fn empty_file_completes_on_seal_and_bad_frames_are_caught() {
         let mut t = ReceiveTracker::new(4);
-        t.expect(2, 0, &[]);
+        t.expect(2, 0, &[]).unwrap();
         assert!(matches!(
             t.on_sealed(2, vec![], false).unwrap(),
             Verdict::Complete { .. }
         ));
-        t.expect(3, 9, &[]);
+        t.expect(3, 9, &[]).unwrap();
         let ok = BlockHeader {
             file: 3,
             offset: 8,
@@ -338,6 +378,33 @@ mod tests {
         let mut empty = Completion::default();
         empty.announced(0, true).unwrap();
         assert!(empty.finished());
+    }
+
+    #[test]
+    fn nothing_may_be_announced_after_the_manifests_last_piece() {
+        let mut c = Completion::default();
+        c.announced(0, true).unwrap();
+        let e = c.announced(1, false).unwrap_err();
+        assert!(e.0.contains("after its manifest's last piece"), "{e}");
+        assert!(c.finished(), "the session still ends on what was announced");
+    }
+
+    #[test]
+    fn a_file_id_announced_twice_is_refused() {
+        let mut t = ReceiveTracker::new(4);
+        t.expect(7, 8, &[]).unwrap();
+        assert_eq!(t.on_block(7, 0, d(0)), Verdict::Pending);
+        assert_eq!(t.on_block(7, 1, d(1)), Verdict::Pending);
+        assert!(matches!(
+            t.on_sealed(7, vec![d(0), d(1)], false).unwrap(),
+            Verdict::Complete { .. }
+        ));
+        let e = t.expect(7, 8, &[]).unwrap_err();
+        assert!(e.0.contains("file id 7 twice"), "{e}");
+        assert!(!t.wants(7, 0), "the complete file stays complete");
+        t.skip(8).unwrap();
+        assert!(t.expect(8, 4, &[]).is_err(), "a skipped id is taken too");
+        assert!(t.skip(7).is_err());
     }
 
     #[test]

@@ -339,7 +339,7 @@ mod tests {
         p.announce(&[entry(1, blocks * 4)], true);
         assert!(p.on_plan(&send(1, vec![])).unwrap().1.is_empty());
         let mut r = ReceiveTracker::new(4);
-        r.expect(1, blocks * 4, &[]);
+        r.expect(1, blocks * 4, &[]).unwrap();
         let digest = |b: u64| Digest(blake3::hash(&b.to_le_bytes()).into());
         let mut seal = Vec::new();
         for b in 0..blocks {

@@ -443,6 +443,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
             out.files += 1;
             let action = match prep {
                 Some(Prepared::Skip) => {
+                    s.tracker.skip(entry.id)?;
                     out.files_skipped += 1;
                     out.bytes_skipped += size;
                     self.live.file_done();
@@ -452,7 +453,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                     let have_bytes = blocks::held_bytes(size, bs, have.iter().map(|h| h.0));
                     out.bytes_resumed += have_bytes;
                     self.live.expect_more(size.saturating_sub(have_bytes));
-                    s.tracker.expect(entry.id, size, &have);
+                    s.tracker.expect(entry.id, size, &have)?;
                     if let Some(slot) = slots.as_mut().and_then(|s| s.split(1)) {
                         s.slots.insert(entry.id, slot);
                     }
@@ -463,7 +464,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                 }
                 None => {
                     self.live.expect_more(size);
-                    s.tracker.expect(entry.id, size, &[]);
+                    s.tracker.expect(entry.id, size, &[])?;
                     let t = match &self.sink {
                         Sink::Files(Destination {
                             layout: Layout::Stream(p),
