@@ -230,11 +230,16 @@ pub async fn read_payload<R: AsyncRead + Unpin>(
     buf.reserve(len as usize);
     let mut check = BlockCheck::new(key);
     let mut hashed = start;
+    let mut pace = BlockPace::new(tokio::time::Instant::now());
     while buf.len() < end {
         let want = (end - buf.len()).min(PIECE) as u64;
-        match within_stall((&mut *r).take(want).read_buf(buf)).await? {
+        let patience = pace.patience(tokio::time::Instant::now())?;
+        match within(patience, (&mut *r).take(want).read_buf(buf)).await? {
             0 => return Err(Error::PeerVanished),
-            n => arrived(n as u64),
+            n => {
+                pace.arrived(n as u64);
+                arrived(n as u64)
+            }
         }
         if buf.len() - hashed >= HASH_BATCH || buf.len() == end {
             check.update(&buf[hashed..]);
@@ -258,10 +263,62 @@ pub const BLOCK_STALL: Duration = crate::transport::tcp::USER_TIMEOUT;
 // The timeout's message below says "2 minutes".
 const _: () = assert!(BLOCK_STALL.as_secs() == 120);
 
+/// The least average rate, bytes/s, at which a block's payload must keep coming once its
+/// first [`BLOCK_STALL`] is over: the allowance a block's buffer of the server's block memory
+/// is held on. A peer dribbling one byte a minute kept a 64 MiB block, all of a default
+/// server's block memory, for good; now it ends within 2 minutes, and one that keeps up this
+/// rate holds a 64 MiB block at most 2 + 68 minutes (a default 4 MiB block 6 minutes).
+/// 128 kbit/s per channel is far below any path worth a block of this size.
+pub const BLOCK_MIN_RATE: u64 = 16 << 10;
+
+/// How long a block's payload may still take: [`BLOCK_STALL`] from its start, plus a
+/// second for every [`BLOCK_MIN_RATE`] bytes that came (as Apache's `mod_reqtimeout`
+/// extends a request body's timeout with `MinRate`).
+#[derive(Debug, Clone, Copy)]
+struct BlockPace {
+    deadline: tokio::time::Instant,
+}
+
+impl BlockPace {
+    fn new(now: tokio::time::Instant) -> Self {
+        BlockPace {
+            deadline: now + BLOCK_STALL,
+        }
+    }
+
+    fn arrived(&mut self, bytes: u64) {
+        self.deadline += Duration::from_secs_f64(bytes as f64 / BLOCK_MIN_RATE as f64);
+    }
+
+    /// How long the next read may wait: [`BLOCK_STALL`] at most, and no later than the
+    /// deadline; an error once the deadline passed.
+    fn patience(&self, now: tokio::time::Instant) -> Result<Duration> {
+        match self.deadline.checked_duration_since(now) {
+            Some(left) if !left.is_zero() => Ok(left.min(BLOCK_STALL)),
+            _ => Err(Error::Timeout(
+                "waiting for the rest of a block: it came slower than 128 kbit/s (run the \
+                 same command again to resume)",
+            )),
+        }
+    }
+}
+
 /// One read of a block's payload, ended after [`BLOCK_STALL`].
 async fn within_stall<T>(read: impl std::future::Future<Output = io::Result<T>>) -> Result<T> {
-    match tokio::time::timeout(BLOCK_STALL, read).await {
+    within(BLOCK_STALL, read).await
+}
+
+/// One read of a block's payload, ended after `patience` ([`BLOCK_STALL`] at most).
+async fn within<T>(
+    patience: Duration,
+    read: impl std::future::Future<Output = io::Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(patience, read).await {
         Ok(r) => r.map_err(closed),
+        Err(_) if patience < BLOCK_STALL => Err(Error::Timeout(
+            "waiting for the rest of a block: it came slower than 128 kbit/s (run the same \
+             command again to resume)",
+        )),
         Err(_) => Err(Error::Timeout(
             "waiting for the rest of a block: nothing came for 2 minutes (run the same \
              command again to resume)",
@@ -410,5 +467,46 @@ mod tests {
         assert!(waited >= BLOCK_STALL && waited < BLOCK_STALL + Duration::from_secs(1));
         assert_eq!(buf.len(), 1000);
         drop(tx);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_block_dribbled_slower_than_the_least_rate_ends() {
+        let (mut tx, mut rx) = tokio::io::duplex(1 << 20);
+        let started = tokio::time::Instant::now();
+        // One byte every 100 s: each read comes within the stall time, but the block as a
+        // whole falls behind the least rate.
+        let dribble = tokio::spawn(async move {
+            loop {
+                if tx.write_all(&[7u8]).await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_secs(100)).await;
+            }
+        });
+        let key = DigestKey::default();
+        let mut buf = BytesMut::new();
+        let read = read_payload(&mut rx, 64 << 20, &mut buf, &key, |_| {});
+        let got = tokio::time::timeout(BLOCK_STALL * 10, read)
+            .await
+            .expect("a dribbled block was read for 20 minutes");
+        let e = got.err().expect("a dribbled block is not a block");
+        assert!(e.to_string().contains("slower than 128 kbit/s"), "{e}");
+        let waited = started.elapsed();
+        assert!(waited <= BLOCK_STALL + Duration::from_secs(1), "{waited:?}");
+        dribble.abort();
+    }
+
+    #[test]
+    fn a_block_coming_at_the_least_rate_may_take_its_time() {
+        let t0 = tokio::time::Instant::now();
+        let mut pace = BlockPace::new(t0);
+        // 4 MiB at exactly the least rate: 256 s of data after 120 s of grace.
+        for _ in 0..256 {
+            pace.arrived(BLOCK_MIN_RATE);
+        }
+        let patience = |s: u64| pace.patience(t0 + Duration::from_secs(s));
+        assert_eq!(patience(0).unwrap(), BLOCK_STALL);
+        assert_eq!(patience(300).unwrap(), Duration::from_secs(76));
+        assert!(patience(376).is_err());
     }
 }
