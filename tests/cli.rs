@@ -597,6 +597,56 @@ fn fails_with(args: &[&str], needle: &str) {
     assert!(!err.contains("panicked"), "{err}");
 }
 
+/// A file of more blocks than a session may track (a sparse 16 TiB file in 4 KiB blocks,
+/// almost 2^32 of them) is refused, pushed or pulled, naming the block size that takes it. Pulled,
+/// it aborted the server on allocating its bookkeeping.
+#[test]
+fn a_file_of_too_many_blocks_is_refused_with_the_block_size_that_takes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    fs::create_dir(&root).unwrap();
+    let huge = root.join("huge.img");
+    // Just under ext4's largest file (16 TiB).
+    fs::File::create(&huge)
+        .unwrap()
+        .set_len((16 << 40) - (1 << 20))
+        .unwrap();
+    let port = free_port();
+    let mut server = serve(&root, port);
+    let port = port.to_string();
+    let from = "127.0.0.1:huge.img";
+    let pulled = [
+        "copy",
+        "--no-auth",
+        "--port",
+        &port,
+        "--block-size",
+        "4K",
+        from,
+        "/dev/null",
+    ];
+    fails_with(
+        &pulled,
+        "copy it with a --block-size of 4194304 bytes or more",
+    );
+    assert!(
+        server.0.try_wait().unwrap().is_none(),
+        "the server is still serving"
+    );
+    let huge = huge.to_str().unwrap();
+    let pushed = [
+        "copy",
+        "--no-auth",
+        "--port",
+        &port,
+        "--block-size",
+        "4K",
+        huge,
+        "127.0.0.1:x",
+    ];
+    fails_with(&pushed, "more than 4,194,304 blocks of 4096 bytes");
+}
+
 /// `token new` writes a strong private token; a token others may read, one too short to
 /// resist guessing, and one inside the served root are refused with the fix.
 #[test]

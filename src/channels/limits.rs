@@ -12,6 +12,27 @@ pub const MIN_BLOCK: u32 = 4 << 10;
 /// Largest block size accepted (the frame limit).
 pub const MAX_BLOCK: u32 = super::frame::MAX_PAYLOAD;
 
+/// Most blocks one file may have at the session's block size. A sender keeps a digest and a
+/// queued job per block of a file it sends, and a receiver the seal's digests: a sparse
+/// 16 TiB file pulled in 4 KiB blocks (2^32 of them) aborted the sending server on
+/// allocation. At the default 4 MiB blocks this is a 16 TiB file (about 300 MB of the
+/// sender's bookkeeping at most); 64 MiB blocks take 256 TiB.
+pub const MAX_FILE_BLOCKS: u64 = 1 << 22;
+
+// `SourceError::TooManyBlocks` says "4,194,304 blocks" and "256 TiB at most".
+const _: () =
+    assert!(MAX_FILE_BLOCKS == 4_194_304 && MAX_BLOCK as u64 * MAX_FILE_BLOCKS == 1 << 48);
+
+/// The smallest power-of-two block size (at least [`MIN_BLOCK`]) that cuts a file of `size`
+/// bytes into at most [`MAX_FILE_BLOCKS`] blocks; `None` when even [`MAX_BLOCK`] does not.
+pub fn least_block_size(size: u64) -> Option<u32> {
+    let least = size
+        .div_ceil(MAX_FILE_BLOCKS)
+        .max(MIN_BLOCK.into())
+        .checked_next_power_of_two()?;
+    u32::try_from(least).ok().filter(|&b| b <= MAX_BLOCK)
+}
+
 /// Most announced files a sender keeps neither committed nor skipped. A receiver refuses a
 /// manifest that goes past it. A file planned for receiving is open at the receiver (a
 /// part file and its journal), which takes a slot of its budget of open files
@@ -62,3 +83,19 @@ pub const MAX_PATH: usize = 4096;
 
 /// Longest congestion control name (the kernel's `TCP_CA_NAME_MAX` less the final NUL).
 pub const MAX_CC_NAME: usize = 15;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_least_block_size_is_a_power_of_two_within_the_frame_limit() {
+        assert_eq!(least_block_size(0), Some(MIN_BLOCK));
+        assert_eq!(least_block_size(MAX_FILE_BLOCKS * 4096), Some(4096));
+        assert_eq!(least_block_size(MAX_FILE_BLOCKS * 4096 + 1), Some(8192));
+        assert_eq!(least_block_size(20 << 40), Some(8 << 20));
+        assert_eq!(least_block_size(256 << 40), Some(MAX_BLOCK));
+        assert_eq!(least_block_size((256 << 40) + 1), None);
+        assert_eq!(least_block_size(u64::MAX), None);
+    }
+}

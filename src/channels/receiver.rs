@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use super::blocks;
 use super::frame::BlockHeader;
-use super::limits::{MAX_CHUNK_FILES, MAX_UNFINISHED_FILES};
+use super::limits::{MAX_CHUNK_FILES, MAX_FILE_BLOCKS, MAX_UNFINISHED_FILES};
 use super::{Digest, Violation};
 
 /// What the receiver must do after an event.
@@ -66,6 +66,12 @@ impl ReceiveTracker {
         have: &[(u64, Digest)],
     ) -> Result<(), Violation> {
         let blocks = blocks::count(size, self.block_size);
+        if blocks > MAX_FILE_BLOCKS {
+            return Err(Violation(format!(
+                "file id {file} of {size} bytes has more than {MAX_FILE_BLOCKS} blocks (run \
+                 the same hsxfer version on both ends)"
+            )));
+        }
         // A block recorded twice (re-sent after a failed seal) keeps its latest digest.
         let got = have.iter().filter(|(b, _)| *b < blocks).copied().collect();
         self.claim(
@@ -284,9 +290,13 @@ mod tests {
     #[test]
     fn a_huge_announced_size_allocates_nothing_and_a_seal_may_come_in_pieces() {
         let mut t = ReceiveTracker::new(4);
-        // 2^61 blocks: a per-block table would abort the process.
-        t.expect(1, 1 << 63, &[(u64::MAX, d(1))]).unwrap();
-        assert!(t.wants(1, (1 << 61) - 1) && !t.wants(1, 1 << 61));
+        // 2^61 blocks: refused, before a seal of that many digests could be taken.
+        let e = t.expect(1, 1 << 63, &[]).unwrap_err();
+        assert!(e.0.contains("more than 4194304 blocks"), "{e}");
+        // The most blocks a file may have: nothing is allocated for them up front.
+        t.expect(1, MAX_FILE_BLOCKS * 4, &[(u64::MAX, d(1))])
+            .unwrap();
+        assert!(t.wants(1, MAX_FILE_BLOCKS - 1) && !t.wants(1, MAX_FILE_BLOCKS));
         assert!(
             t.on_sealed(1, vec![d(0)], false).is_err(),
             "too short a seal"

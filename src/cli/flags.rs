@@ -19,6 +19,7 @@ const FLAGS: &[(&str, &str)] = &[
     ("`no_auth`", "--no-auth"),
     ("`recursive`", "--recursive"),
     ("`mptcp`", "--mptcp"),
+    ("`block_size`", "--block-size"),
     ("`budget`", "--budget"),
     ("`policy`", "--policy"),
     ("`rate`", "--rate"),

@@ -258,7 +258,8 @@ struct TransferArgs {
     /// Server port.
     #[arg(long, default_value_t = DEFAULT_PORT)]
     port: u16,
-    /// Block size (e.g. 1M, 4M): the unit of scheduling, checking and resuming.
+    /// Block size (e.g. 1M, 4M): the unit of scheduling, checking and resuming. A file may
+    /// have at most 4,194,304 blocks: 16 TiB at the default 4M.
     #[arg(long, value_name = "SIZE", value_parser = units::parse_size)]
     block_size: Option<u64>,
     /// Congestion control of the sending sockets: NAME for every channel, or NAME,NAME,...

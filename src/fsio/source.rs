@@ -17,6 +17,7 @@ use super::at;
 use super::direct::{read_uncached, DIRECT_MIN_BYTES};
 use super::partial::is_reserved_name;
 use super::root::Scope;
+use crate::channels::limits::{least_block_size, MAX_FILE_BLOCKS};
 use crate::channels::manifest::{Entry, EntryKind};
 
 /// Why a source could not be listed.
@@ -47,6 +48,20 @@ pub enum SourceError {
     /// A name that is not UTF-8 (not supported by this protocol version).
     #[error("{0}: the name is not UTF-8, which hsxfer's protocol needs: rename it (the `convmv` tool renames a whole tree named in Latin-1) and copy again")]
     NotUtf8(String),
+    /// A file with more blocks than a session may send of one file
+    /// ([`MAX_FILE_BLOCKS`](crate::channels::limits::MAX_FILE_BLOCKS)).
+    #[error("{path} is {size} bytes, more than 4,194,304 blocks of {block_size} bytes: {}", match least_block_size(*.size) {
+        Some(b) => format!("copy it with a `block_size` of {b} bytes or more"),
+        None => "no block size hsxfer takes cuts it into so few (256 TiB at most)".into(),
+    })]
+    TooManyBlocks {
+        /// The file, as the manifest names it.
+        path: String,
+        /// Its size.
+        size: u64,
+        /// The session's block size.
+        block_size: u32,
+    },
     /// Permission denied or another I/O error.
     #[error("{path}: {source}{}", crate::os_hint::for_io(.source))]
     Io {
@@ -220,6 +235,27 @@ impl SourceTree {
     /// Where file `id` lives.
     pub fn file(&self, id: u32) -> Option<&SourceFile> {
         self.files.get(&id)
+    }
+
+    /// Refuses a tree with a file of more than [`MAX_FILE_BLOCKS`] blocks of `block_size`,
+    /// naming the block size that would take it, before anything is sent.
+    pub fn check_blocks(&self, block_size: u32) -> Result<(), SourceError> {
+        let too_large = self.entries.iter().find_map(|e| match e.kind {
+            EntryKind::File { size }
+                if crate::channels::blocks::count(size, block_size) > MAX_FILE_BLOCKS =>
+            {
+                Some((e.path.clone(), size))
+            }
+            _ => None,
+        });
+        match too_large {
+            Some((path, size)) => Err(SourceError::TooManyBlocks {
+                path,
+                size,
+                block_size,
+            }),
+            None => Ok(()),
+        }
     }
 
     /// One line saying what the walk passed over (the first names, and how many more), for

@@ -820,10 +820,13 @@ async fn prepare_role(state: &State, req: &Request) -> Result<(Role, Option<Stri
                 .map(|s| state.scope.resolve(s))
                 .collect::<std::result::Result<Vec<_>, _>>()?;
             let (recursive, scope) = (*recursive, state.scope.clone());
-            let tree =
-                tokio::task::spawn_blocking(move || SourceTree::walk(&scope, &paths, recursive))
-                    .await
-                    .map_err(Error::task("listing the sources"))??;
+            let block_size = req.block_size;
+            let tree = tokio::task::spawn_blocking(move || {
+                let tree = SourceTree::walk(&scope, &paths, recursive)?;
+                tree.check_blocks(block_size).map(|()| tree)
+            })
+            .await
+            .map_err(Error::task("listing the sources"))??;
             let note = tree.passed_over_note();
             (Role::Send(SendSource::tree(tree)), note)
         }

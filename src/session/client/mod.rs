@@ -161,6 +161,7 @@ impl Client {
         live: &Arc<LiveStats>,
     ) -> Result<TransferReport> {
         let tree = SourceTree::walk(&Scope::Local, sources, recursive)?;
+        tree.check_blocks(self.opts.block_size)?;
         let op = Operation::Push {
             dest: dest.to_string(),
             sources: sources.len() as u32,
