@@ -623,6 +623,25 @@ fn open_locked(dir: &File, part: &str, flags: OFlag, target: &Path) -> io::Resul
             }
             opened => opened?,
         };
+        if !is_ours(&file)? {
+            // Another user's file (or one linked elsewhere too) could be written through
+            // their own descriptor after its blocks were verified, and would be committed
+            // as theirs: it is removed, and the name opened again makes one of ours.
+            at::remove(dir, part).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!(
+                        "{part} next to {} is not this user's part file and cannot be \
+                         removed ({e}): remove it, or copy to another directory",
+                        target.display()
+                    ),
+                )
+            })?;
+            if start.elapsed() >= LOCK_PATIENCE {
+                return Err(busy(target));
+            }
+            continue;
+        }
         lock(&file, start, target)?;
         if is_named(dir, part, &file)? {
             return Ok(file);
@@ -631,6 +650,20 @@ fn open_locked(dir: &File, part: &str, flags: OFlag, target: &Path) -> io::Resul
             return Err(busy(target));
         }
     }
+}
+
+/// True when `file` is a regular file of the user this thread makes files as, with no other
+/// name: a part file made here, which nobody else can write to.
+fn is_ours(file: &File) -> io::Result<bool> {
+    let st = at::fstat(file)?;
+    Ok(at::is_file(&st) && st.st_uid == fs_uid() && st.st_nlink == 1)
+}
+
+/// The user id this thread's new files get (its file-system uid: the effective one unless a
+/// thread changed it with `setfsuid`).
+fn fs_uid() -> u32 {
+    // SAFETY: an invalid id (-1) changes nothing and returns the current file-system uid.
+    unsafe { libc::setfsuid(u32::MAX) as u32 }
 }
 
 /// Gives the owner write permission back on a part file that an interrupted commit left
@@ -1179,6 +1212,49 @@ mod tests {
             file.write_block(offset, bytes).unwrap();
         }
         file
+    }
+
+    /// A part file with a second name (another user's hard link, say) is not trusted with
+    /// the verified bytes: it is replaced, and writes through the other name reach nothing
+    /// that is committed.
+    #[test]
+    fn a_part_file_linked_elsewhere_is_replaced_by_one_of_ours() {
+        let t = tempfile::tempdir().unwrap();
+        let target = t.path().join("f");
+        let part = t.path().join(".f.hsxfer-part");
+        std::fs::write(&part, b"").unwrap();
+        let planted = t.path().join("planted");
+        std::fs::hard_link(&part, &planted).unwrap();
+        let f = written_whole(&target);
+        std::fs::write(&planted, b"EVIL").unwrap();
+        f.commit(|_| {}).unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"abcdefghij");
+        assert_eq!(std::fs::read(&planted).unwrap(), b"EVIL");
+    }
+
+    /// Run as root: a part file another user planted (mode 666, a descriptor kept open) is
+    /// replaced too, and the committed file is root's with the verified bytes.
+    #[test]
+    fn a_part_file_of_another_user_is_replaced_by_one_of_ours() {
+        use std::os::unix::fs::MetadataExt;
+        let t = tempfile::tempdir().unwrap();
+        let target = t.path().join("f");
+        let part = t.path().join(".f.hsxfer-part");
+        let evil = std::fs::File::create(&part).unwrap();
+        std::fs::set_permissions(&part, Permissions::from_mode(0o666)).unwrap();
+        let me = fs_uid();
+        let other = if me == 0 { 65534 } else { me };
+        if nix::unistd::chown(&part, Some(other.into()), None).is_err() || other == me {
+            // Not root: no file of another user can be made here; the hard-link case above
+            // covers the rule. CI runs as root.
+            assert_ne!(me, 0, "root can always give a file away");
+            return;
+        }
+        let f = written_whole(&target);
+        evil.write_all_at(b"EVIL", 0).unwrap();
+        f.commit(|_| {}).unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"abcdefghij");
+        assert_eq!(std::fs::metadata(&target).unwrap().uid(), me);
     }
 
     #[test]
