@@ -245,6 +245,14 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                                     0 => {}
                                     rest => queue_in_parts(&mut waiting, later, rest, most.into()),
                                 }
+                                if last {
+                                    // No file announced later can be one sent before its
+                                    // plan: a block for a file not yet tracked is a
+                                    // violation now, not one to wait for.
+                                    let mut s = lock(shared);
+                                    s.unplanned_left = 0;
+                                    s.planned.notify_waiters();
+                                }
                             }
                             Message::Sealed { file, digests, more } => {
                                 let v = lock(shared).tracker.on_sealed(file, digests, more)?;
