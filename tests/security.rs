@@ -498,7 +498,8 @@ async fn hostile_values_in_a_request_or_manifest_end_only_their_session() {
     }
 
     // A file of 2^63 bytes announced into a bench upload (discarded: nothing on disk refuses
-    // it, so the receiver plans it) and into a push (the file system refuses it).
+    // it, but it has more blocks than a file may have) and into a push (the file system
+    // refuses it first).
     for request in upload_and_push("huge", 1.0) {
         let pushing = matches!(request.op, Operation::Push { .. });
         let (mut s, _data) = accepted(addr, request).await;
@@ -514,7 +515,9 @@ async fn hostile_values_in_a_request_or_manifest_end_only_their_session() {
         };
         s.w.send(&manifest).await.unwrap();
         match answer(&mut s.r).await {
-            Message::Plan { files } if !pushing => assert_eq!(files.len(), 1),
+            Message::Abort { message } if !pushing => {
+                assert!(message.contains("more than 4194304 blocks"), "{message}")
+            }
             Message::Abort { message } if pushing => {
                 assert!(message.contains("creating huge"), "{message}");
                 let root = root.path().to_str().unwrap();
@@ -620,6 +623,15 @@ async fn only_a_bench_may_end_before_its_files_are_done() {
 /// A server that answers any pull with a manifest of `entries` (a compromised or hostile
 /// server); returns its address.
 async fn hostile_server(entries: Vec<hsxfer::channels::manifest::Entry>) -> std::net::SocketAddr {
+    hostile_server_with_block(entries, None).await
+}
+
+/// [`hostile_server`], which also sends a 4-byte block at offset 0 of file `stray` on its
+/// first data channel after the manifest.
+async fn hostile_server_with_block(
+    entries: Vec<hsxfer::channels::manifest::Entry>,
+    stray: Option<u32>,
+) -> std::net::SocketAddr {
     use hsxfer::channels::auth::TokenKey;
     use hsxfer::channels::control::Message;
     use hsxfer::session::handshake;
@@ -668,9 +680,52 @@ async fn hostile_server(entries: Vec<hsxfer::channels::manifest::Entry>) -> std:
             last: true,
         };
         w.send(&manifest).await.unwrap();
+        if let Some(file) = stray {
+            use hsxfer::channels::frame::{BlockHeader, DigestKey};
+            use hsxfer::session::wire::{write_block, Damage, Digesting};
+            let header = BlockHeader {
+                file,
+                offset: 0,
+                len: 4,
+            };
+            let key = DigestKey::default();
+            let sent = write_block(
+                &mut joined[0],
+                &header,
+                b"abcd",
+                Digesting::Hash(&key),
+                Damage::None,
+            );
+            sent.await.unwrap();
+        }
         while let Ok(Some(_)) = r.recv().await {}
     });
     addr
+}
+
+/// A pull into an empty destination lets the server send its first files' blocks before
+/// their plans; once the manifest is over, a block for a file it never announced ends the
+/// session instead of parking its data channel for good.
+#[tokio::test]
+async fn a_block_for_a_file_never_announced_ends_a_pull() {
+    use hsxfer::channels::manifest::{Entry, EntryKind};
+    let home = tempfile::tempdir().unwrap();
+    let dest = home.path().join("dest");
+    let entries = vec![Entry {
+        id: 0,
+        path: "data".into(),
+        mode: 0o600,
+        mtime_ns: 0,
+        kind: EntryKind::File { size: 4 },
+    }];
+    let addr = hostile_server_with_block(entries, Some(9)).await;
+    let (c, sources, counters) = (client(addr, 1), ["data".to_string()], live(1));
+    let pull = c.pull(&sources, false, dest.to_str().unwrap(), &counters);
+    let e = tokio::time::timeout(Duration::from_secs(20), pull)
+        .await
+        .expect("refused, not left waiting for a plan that never comes")
+        .expect_err("a block for file 9");
+    assert!(e.to_string().contains("block for unknown file 9"), "{e}");
 }
 
 /// A pulling client writes only what it asked for, only inside its destination: a server
