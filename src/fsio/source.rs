@@ -49,7 +49,7 @@ pub enum SourceError {
     #[error("{0}: the name is not UTF-8, which hsxfer's protocol needs: rename it (the `convmv` tool renames a whole tree named in Latin-1) and copy again")]
     NotUtf8(String),
     /// A file with more blocks than a session may send of one file
-    /// ([`MAX_FILE_BLOCKS`](crate::channels::limits::MAX_FILE_BLOCKS)).
+    /// ([`MAX_FILE_BLOCKS`]).
     #[error("{path} is {size} bytes, more than 4,194,304 blocks of {block_size} bytes: {}", match least_block_size(*.size) {
         Some(b) => format!("copy it with a `block_size` of {b} bytes or more"),
         None => "no block size hsxfer takes cuts it into so few (256 TiB at most)".into(),
