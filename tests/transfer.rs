@@ -1062,6 +1062,39 @@ async fn a_stopped_server_lets_go_of_its_part_files_before_it_returns() {
     assert_eq!(sha256(&root.path().join("f")), sha256(&sources[0]));
 }
 
+/// A source rewritten after an interrupted push with its size and time kept: the blocks the
+/// server held fail the seal and are sent again, and the summary does not count them as
+/// resumed (it said 32 MiB resumed of a file sent whole).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_blocks_that_fail_the_seal_are_not_counted_as_resumed() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let f = src.path().join("f");
+    random_file(&f, 64 << 20, 5);
+    let mtime = fs::metadata(&f).unwrap().modified().unwrap();
+    let sources = [f.clone()];
+    let (addr, stopper) = stoppable_server(root.path(), FaultInjection::default()).await;
+    let stats = live(2);
+    let c = slow_client(addr);
+    let push = c.push(&sources, false, "f", &stats);
+    assert!(stopped_midway(push, &stats, &stopper).await.is_err());
+    random_file(&f, 64 << 20, 6);
+    fs::File::options()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    let (addr, _stopper) = stoppable_server(root.path(), FaultInjection::default()).await;
+    let r = client(addr, 2)
+        .push(&sources, false, "f", &live(2))
+        .await
+        .unwrap();
+    assert!(r.verified && r.blocks_resent > 0, "{r:?}");
+    assert_eq!(r.bytes_resumed, 0, "{r:?}");
+    assert_eq!(sha256(&root.path().join("f")), sha256(&f));
+}
+
 /// A server that stops (`Stopper::stop`, what `hsxfer serve` does on SIGTERM) tells the
 /// client of a push and of a pull why, instead of closing the connections; the push run
 /// again against the server started anew resumes and completes.

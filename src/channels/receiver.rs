@@ -3,7 +3,7 @@
 //! whole session is ([`Completion`]).
 
 use std::collections::hash_map::Entry;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::blocks;
 use super::frame::BlockHeader;
@@ -37,6 +37,11 @@ struct RecvFile {
     /// The seal's last piece arrived.
     sealed: bool,
     complete: bool,
+    /// Blocks held from an earlier run (the journal's) not yet checked against the seal.
+    resumed: HashSet<u64>,
+    /// Bytes of held blocks the seal refused since [`ReceiveTracker::take_unresumed`] last
+    /// looked: they come again, so they were not resumed after all.
+    unresumed: u64,
 }
 
 /// Tracks every file of one receiving session.
@@ -73,7 +78,8 @@ impl ReceiveTracker {
             )));
         }
         // A block recorded twice (re-sent after a failed seal) keeps its latest digest.
-        let got = have.iter().filter(|(b, _)| *b < blocks).copied().collect();
+        let got: HashMap<u64, Digest> = have.iter().filter(|(b, _)| *b < blocks).copied().collect();
+        let resumed = got.keys().copied().collect();
         self.claim(
             file,
             RecvFile {
@@ -83,6 +89,8 @@ impl ReceiveTracker {
                 seal: Vec::new(),
                 sealed: false,
                 complete: false,
+                resumed,
+                unresumed: 0,
             },
         )
     }
@@ -98,6 +106,8 @@ impl ReceiveTracker {
                 seal: Vec::new(),
                 sealed: true,
                 complete: true,
+                resumed: HashSet::new(),
+                unresumed: 0,
             },
         )
     }
@@ -112,6 +122,14 @@ impl ReceiveTracker {
                 Ok(())
             }
         }
+    }
+
+    /// Bytes of `file`'s held blocks that the seal refused since the last call: counted as
+    /// resumed at its plan, they come again.
+    pub fn take_unresumed(&mut self, file: u32) -> u64 {
+        self.files
+            .get_mut(&file)
+            .map_or(0, |f| std::mem::take(&mut f.unresumed))
     }
 
     /// True once `file` is tracked (its plan made).
@@ -149,7 +167,7 @@ impl ReceiveTracker {
         if !f.complete && block < f.blocks {
             f.got.entry(block).or_insert(digest);
         }
-        Self::judge(f)
+        Self::judge(f, self.block_size)
     }
 
     /// Records a piece of the sender's seal (the expected block digests, in order; `more`
@@ -170,10 +188,10 @@ impl ReceiveTracker {
         }
         f.seal.extend(digests);
         f.sealed = !more;
-        Ok(Self::judge(f))
+        Ok(Self::judge(f, self.block_size))
     }
 
-    fn judge(f: &mut RecvFile) -> Verdict {
+    fn judge(f: &mut RecvFile, block_size: u32) -> Verdict {
         if !f.sealed || f.complete || (f.got.len() as u64) < f.blocks {
             return Verdict::Pending;
         }
@@ -190,6 +208,9 @@ impl ReceiveTracker {
         } else {
             for b in &bad {
                 f.got.remove(b);
+                if f.resumed.remove(b) {
+                    f.unresumed += u64::from(blocks::span(f.size, block_size, *b).1);
+                }
             }
             Verdict::Resend(bad)
         }
@@ -325,11 +346,18 @@ mod tests {
     #[test]
     fn stale_journal_digest_is_resent() {
         let mut t = ReceiveTracker::new(4);
-        t.expect(1, 4, &[(0, d(5))]).unwrap();
+        t.expect(1, 6, &[(0, d(5)), (1, d(7))]).unwrap();
+        assert_eq!(t.take_unresumed(1), 0);
         assert_eq!(
-            t.on_sealed(1, vec![d(6)], false).unwrap(),
-            Verdict::Resend(vec![0])
+            t.on_sealed(1, vec![d(6), d(8)], false).unwrap(),
+            Verdict::Resend(vec![0, 1])
         );
+        assert_eq!(t.take_unresumed(1), 6, "4 + the short last block's 2");
+        assert_eq!(t.take_unresumed(1), 0, "taken once");
+        // Sent again, one still damaged: nothing more is taken back, it was counted once.
+        assert_eq!(t.on_block(1, 1, d(8)), Verdict::Pending);
+        assert_eq!(t.on_block(1, 0, d(5)), Verdict::Resend(vec![0]));
+        assert_eq!(t.take_unresumed(1), 0);
     }
 
     #[test]

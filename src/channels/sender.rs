@@ -4,7 +4,7 @@
 //! The I/O layer feeds it manifest entries, the receiver's plans, hashed blocks, and the
 //! receiver's `Nack`/`FileDone`; it answers with [`Job`]s to run and [`Message`]s to send.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::blocks;
 use super::control::{FilePlan, Message, PlanAction};
@@ -50,6 +50,9 @@ struct SendFile {
     done: bool,
     /// Times each block was asked for again (only blocks that were).
     resends: HashMap<u64, u8>,
+    /// Blocks the receiver held from an earlier run, counted as resumed until one is asked
+    /// for again (its kept copy did not match the seal).
+    held: HashSet<u64>,
 }
 
 /// Tracks every file of one sending session.
@@ -91,6 +94,7 @@ impl SendPlanner {
                         sealed: false,
                         done: false,
                         resends: HashMap::new(),
+                        held: HashSet::new(),
                     },
                 );
             }
@@ -133,6 +137,7 @@ impl SendPlanner {
                 for (block, &h) in held.iter().enumerate() {
                     jobs.push(job(plan.file, f.size, bs, block as u64, !h));
                 }
+                f.held = have.iter().copied().collect();
                 self.resumed_bytes += jobs
                     .iter()
                     .filter(|j| !j.send)
@@ -218,7 +223,12 @@ impl SendPlanner {
             )));
         }
         *times += 1;
-        Ok(job(file, f.size, bs, block, true))
+        let again = job(file, f.size, bs, block, true);
+        if f.held.remove(&block) {
+            // Sent after all: no longer resumed.
+            self.resumed_bytes -= again.len as u64;
+        }
+        Ok(again)
     }
 
     /// The receiver verified and committed a file.
@@ -278,6 +288,27 @@ mod tests {
             file,
             action: PlanAction::Send { have },
         }
+    }
+
+    #[test]
+    fn a_held_block_asked_for_again_is_no_longer_resumed() {
+        let mut p = SendPlanner::new(4);
+        p.announce(&[entry(1, 10)], true);
+        p.on_plan(&send(1, vec![0, 2])).unwrap();
+        assert_eq!(p.resumed_bytes(), 6);
+        assert_eq!(p.on_nack(1, 2).unwrap(), job(1, 10, 4, 2, true));
+        assert_eq!(
+            p.resumed_bytes(),
+            4,
+            "the short last block is sent after all"
+        );
+        p.on_nack(1, 2).unwrap();
+        p.on_nack(1, 1).unwrap();
+        assert_eq!(
+            p.resumed_bytes(),
+            4,
+            "counted back once, and only for held blocks"
+        );
     }
 
     #[test]

@@ -256,7 +256,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                             }
                             Message::Sealed { file, digests, more } => {
                                 let v = lock(shared).tracker.on_sealed(file, digests, more)?;
-                                self.act(file, v, &mut verified, &mut out).await?;
+                                self.act(shared, file, v, &mut verified, &mut out).await?;
                             }
                             Message::Telemetry(b) if self.await_telemetry => {
                                 self.live.telemetry.absorb(b)
@@ -287,12 +287,12 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                         }
                         next = self.ctrl_r.buffered()?;
                     }
-                    self.act_on_ready(&mut events, &mut verified, &mut out).await?;
+                    self.act_on_ready(shared, &mut events, &mut verified, &mut out).await?;
                 }
                 ev = events.recv() => match ev {
                     Some((file, verdict)) => {
-                        self.act(file, verdict, &mut verified, &mut out).await?;
-                        self.act_on_ready(&mut events, &mut verified, &mut out).await?;
+                        self.act(shared, file, verdict, &mut verified, &mut out).await?;
+                        self.act_on_ready(shared, &mut events, &mut verified, &mut out).await?;
                     }
                     None => return Err(Error::PeerVanished),
                 },
@@ -365,6 +365,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
     /// asked for again.
     async fn act(
         &mut self,
+        shared: &Arc<Mutex<Shared>>,
         file: u32,
         verdict: Verdict,
         verified: &mut Vec<u32>,
@@ -374,6 +375,10 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
             Verdict::Pending => {}
             Verdict::Complete { .. } => verified.push(file),
             Verdict::Resend(blocks) => {
+                // Held blocks the seal refused come again: not resumed after all.
+                let back = lock(shared).tracker.take_unresumed(file);
+                out.bytes_resumed = out.bytes_resumed.saturating_sub(back);
+                self.live.expect_more(back);
                 for block in blocks {
                     out.blocks_resent += 1;
                     self.ctrl_w.send(&Message::Nack { file, block }).await?;
@@ -387,12 +392,13 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
     /// join the same group commit.
     async fn act_on_ready(
         &mut self,
+        shared: &Arc<Mutex<Shared>>,
         events: &mut mpsc::UnboundedReceiver<(u32, Verdict)>,
         verified: &mut Vec<u32>,
         out: &mut SideOutcome,
     ) -> Result<()> {
         while let Ok((file, verdict)) = events.try_recv() {
-            self.act(file, verdict, verified, out).await?;
+            self.act(shared, file, verdict, verified, out).await?;
         }
         Ok(())
     }

@@ -278,7 +278,11 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                     }
                     Message::Nack { file, block } => {
                         out.blocks_resent += 1;
-                        let _ = jobs.send(planner.on_nack(file, block)?).await;
+                        let had = planner.resumed_bytes();
+                        let again = planner.on_nack(file, block)?;
+                        // A held block asked for again is carried after all.
+                        self.live.expect_more(had - planner.resumed_bytes());
+                        let _ = jobs.send(again).await;
                     }
                     Message::FileDone { file } => {
                         planner.on_done(file)?;
