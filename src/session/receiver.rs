@@ -341,6 +341,10 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                     idle.check(tokio::time::Instant::now(), self.live.total(), busy_here)?;
                 }
             }
+            // Every other branch was the peer's doing or this end's own work, which may take
+            // long (a resumed file's blocks hashed again for its plan): the silence counts
+            // from its end.
+            idle.heard(tokio::time::Instant::now());
         }
         let scope = match &self.sink {
             Sink::Files(dest) => dest.scope().clone(),
