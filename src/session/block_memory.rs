@@ -56,6 +56,8 @@ struct State {
     idle: Vec<(BytesMut, usize)>,
     /// Bytes held by no buffer, idle or in use.
     unheld: usize,
+    /// Takers waiting for memory.
+    waiting: usize,
 }
 
 impl BlockMemory {
@@ -68,6 +70,7 @@ impl BlockMemory {
                 state: Mutex::new(State {
                     idle: Vec::new(),
                     unheld: capacity,
+                    waiting: 0,
                 }),
                 returned: Notify::new(),
                 capacity,
@@ -83,6 +86,7 @@ impl BlockMemory {
     /// A buffer of at least `len` bytes, empty; waits while the memory is all held.
     pub async fn take(&self, len: u32) -> BlockBuffer {
         let len = len as usize;
+        let mut waiting = None;
         loop {
             let returned = self.pool.returned.notified();
             tokio::pin!(returned);
@@ -91,8 +95,15 @@ impl BlockMemory {
             if let Some(b) = self.try_take(len) {
                 return b;
             }
+            waiting.get_or_insert_with(|| Waiting::count(&self.pool));
             returned.await;
         }
+    }
+
+    /// True while a taker waits for memory: a block held by a slow sender then keeps
+    /// another from being received ([`crate::session::wire::BLOCK_MIN_RATE`]).
+    pub fn contended(&self) -> bool {
+        self.pool.lock().waiting > 0
     }
 
     fn try_take(&self, len: usize) -> Option<BlockBuffer> {
@@ -120,6 +131,22 @@ impl BlockMemory {
     /// Bytes neither in use nor kept idle.
     pub fn free(&self) -> usize {
         self.pool.lock().unheld
+    }
+}
+
+/// A taker counted as waiting until it has its buffer or gives up (is dropped).
+struct Waiting<'a>(&'a Pool);
+
+impl<'a> Waiting<'a> {
+    fn count(pool: &'a Pool) -> Self {
+        pool.lock().waiting += 1;
+        Waiting(pool)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.lock().waiting -= 1;
     }
 }
 
@@ -163,6 +190,35 @@ impl Drop for BlockBuffer {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[tokio::test]
+    async fn memory_is_contended_while_a_taker_waits() {
+        let memory = BlockMemory::with_bytes(4 << 20);
+        let held = memory.take(4 << 20).await;
+        assert!(!memory.contended());
+        let waiter = {
+            let m = memory.clone();
+            tokio::spawn(async move { m.take(4 << 20).await })
+        };
+        while !memory.contended() {
+            tokio::task::yield_now().await;
+        }
+        drop(held);
+        drop(waiter.await.unwrap());
+        assert!(!memory.contended(), "the waiter has its buffer");
+        let held = memory.take(4 << 20).await;
+        let given_up = {
+            let m = memory.clone();
+            tokio::spawn(async move { m.take(1).await })
+        };
+        while !memory.contended() {
+            tokio::task::yield_now().await;
+        }
+        given_up.abort();
+        let _ = given_up.await;
+        assert!(!memory.contended(), "a taker that gave up no longer waits");
+        drop(held);
+    }
 
     /// Takes `len` bytes while `held` is held: the taker must wait until `held` is given
     /// back, and then get a buffer. Returns its capacity.

@@ -786,9 +786,15 @@ impl ChannelReceiver {
             }
             let mut buf = self.memory.take(h.len).await;
             let (live, index) = (&self.live, self.index);
-            let got = read_payload(&mut self.stream, h.len, &mut buf, &self.key, |n| {
-                live.add(index, n)
-            })
+            let memory = &self.memory;
+            let got = read_payload(
+                &mut self.stream,
+                h.len,
+                &mut buf,
+                &self.key,
+                || memory.contended(),
+                |n| live.add(index, n),
+            )
             .await?;
             // A block no longer wanted (a duplicate, or for a committed file) is dropped even if
             // damaged: asking for it again would be a request for a finished file.

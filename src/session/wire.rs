@@ -223,6 +223,7 @@ pub async fn read_payload<R: AsyncRead + Unpin>(
     len: u32,
     buf: &mut BytesMut,
     key: &DigestKey,
+    contended: impl Fn() -> bool,
     mut arrived: impl FnMut(u64),
 ) -> Result<Received> {
     let start = buf.len();
@@ -233,7 +234,7 @@ pub async fn read_payload<R: AsyncRead + Unpin>(
     let mut pace = BlockPace::new(tokio::time::Instant::now());
     while buf.len() < end {
         let want = (end - buf.len()).min(PIECE) as u64;
-        let patience = pace.patience(tokio::time::Instant::now())?;
+        let patience = pace.patience(tokio::time::Instant::now(), contended())?;
         match within(patience, (&mut *r).take(want).read_buf(buf)).await? {
             0 => return Err(Error::PeerVanished),
             n => {
@@ -263,12 +264,13 @@ pub const BLOCK_STALL: Duration = crate::transport::tcp::USER_TIMEOUT;
 // The timeout's message below says "2 minutes".
 const _: () = assert!(BLOCK_STALL.as_secs() == 120);
 
-/// The least average rate, bytes/s, at which a block's payload must keep coming once its
-/// first [`BLOCK_STALL`] is over: the allowance a block's buffer of the server's block memory
-/// is held on. A peer dribbling one byte a minute kept a 64 MiB block, all of a default
-/// server's block memory, for good; now it ends within 2 minutes, and one that keeps up this
-/// rate holds a 64 MiB block at most 2 + 68 minutes (a default 4 MiB block 6 minutes).
-/// 128 kbit/s per channel is far below any path worth a block of this size.
+/// The least average rate, bytes/s, at which a block's payload must have come, once its
+/// first [`BLOCK_STALL`] is over, while another block waits for the block memory it holds
+/// ([`BlockMemory::contended`](super::block_memory::BlockMemory::contended)). A peer dribbling
+/// one byte a minute kept a 64 MiB block, all of a default server's block memory, for good;
+/// now it ends within 2 minutes of another block waiting, and one that keeps up this rate
+/// holds a 64 MiB block at most 2 + 68 minutes (a default 4 MiB block 6 minutes). Without
+/// contention a slow path (a 256 kbit/s uplink shared by 4 channels) takes its time.
 pub const BLOCK_MIN_RATE: u64 = 16 << 10;
 
 /// How long a block's payload may still take: [`BLOCK_STALL`] from its start, plus a
@@ -290,10 +292,11 @@ impl BlockPace {
         self.deadline += Duration::from_secs_f64(bytes as f64 / BLOCK_MIN_RATE as f64);
     }
 
-    /// How long the next read may wait: [`BLOCK_STALL`] at most, and no later than the
-    /// deadline; an error once the deadline passed.
-    fn patience(&self, now: tokio::time::Instant) -> Result<Duration> {
+    /// How long the next read may wait: [`BLOCK_STALL`] at most and, while the block memory
+    /// is `contended`, no later than the deadline; an error once that passed.
+    fn patience(&self, now: tokio::time::Instant, contended: bool) -> Result<Duration> {
         match self.deadline.checked_duration_since(now) {
+            _ if !contended => Ok(BLOCK_STALL),
             Some(left) if !left.is_zero() => Ok(left.min(BLOCK_STALL)),
             _ => Err(Error::Timeout(
                 "waiting for the rest of a block: it came slower than 128 kbit/s (run the \
@@ -458,7 +461,7 @@ mod tests {
         let key = DigestKey::default();
         let started = tokio::time::Instant::now();
         let mut buf = BytesMut::new();
-        let read = read_payload(&mut rx, 4096, &mut buf, &key, |_| {});
+        let read = read_payload(&mut rx, 4096, &mut buf, &key, || false, |_| {});
         let got = tokio::time::timeout(BLOCK_STALL * 2, read)
             .await
             .expect("the read never ended");
@@ -470,7 +473,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_block_dribbled_slower_than_the_least_rate_ends() {
+    async fn a_block_dribbled_slower_than_the_least_rate_ends_while_memory_is_wanted() {
         let (mut tx, mut rx) = tokio::io::duplex(1 << 20);
         let started = tokio::time::Instant::now();
         // One byte every 100 s: each read comes within the stall time, but the block as a
@@ -485,7 +488,7 @@ mod tests {
         });
         let key = DigestKey::default();
         let mut buf = BytesMut::new();
-        let read = read_payload(&mut rx, 64 << 20, &mut buf, &key, |_| {});
+        let read = read_payload(&mut rx, 64 << 20, &mut buf, &key, || true, |_| {});
         let got = tokio::time::timeout(BLOCK_STALL * 10, read)
             .await
             .expect("a dribbled block was read for 20 minutes");
@@ -504,9 +507,12 @@ mod tests {
         for _ in 0..256 {
             pace.arrived(BLOCK_MIN_RATE);
         }
-        let patience = |s: u64| pace.patience(t0 + Duration::from_secs(s));
+        let patience = |s: u64| pace.patience(t0 + Duration::from_secs(s), true);
         assert_eq!(patience(0).unwrap(), BLOCK_STALL);
         assert_eq!(patience(300).unwrap(), Duration::from_secs(76));
         assert!(patience(376).is_err());
+        // Nobody waits for the memory: a slower block only has to keep coming.
+        let alone = pace.patience(t0 + Duration::from_secs(1000), false);
+        assert_eq!(alone.unwrap(), BLOCK_STALL);
     }
 }
