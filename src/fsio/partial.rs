@@ -616,27 +616,12 @@ const LOCK_PATIENCE: Duration = Duration::from_millis(200);
 fn open_locked(dir: &File, part: &str, flags: OFlag, target: &Path) -> io::Result<File> {
     let start = Instant::now();
     loop {
-        let file = match at::open(dir, part, flags, 0o600) {
-            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-                writable_again(dir, part).map_err(|_| e)?;
-                at::open(dir, part, flags, 0o600)?
-            }
-            opened => opened?,
-        };
-        if !is_ours(&file)? {
+        let (file, made_here) = open_part(dir, part, flags, target)?;
+        if !made_here && !is_ours(&file)? {
             // Another user's file (or one linked elsewhere too) could be written through
             // their own descriptor after its blocks were verified, and would be committed
             // as theirs: it is removed, and the name opened again makes one of ours.
-            at::remove(dir, part).map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!(
-                        "{part} next to {} is not this user's part file and cannot be \
-                         removed ({e}): remove it, or copy to another directory",
-                        target.display()
-                    ),
-                )
-            })?;
+            replace_foreign(dir, part, target)?;
             if start.elapsed() >= LOCK_PATIENCE {
                 return Err(busy(target));
             }
@@ -650,6 +635,42 @@ fn open_locked(dir: &File, part: &str, flags: OFlag, target: &Path) -> io::Resul
             return Err(busy(target));
         }
     }
+}
+
+/// Opens the part file `part`: one made here when there is none (true), else the one there
+/// (false). A file made here is trusted whoever the file system says owns it (an NFS export
+/// that squashes root, a vfat mount with a fixed `uid=`).
+fn open_part(dir: &File, part: &str, flags: OFlag, target: &Path) -> io::Result<(File, bool)> {
+    match at::open(dir, part, flags | OFlag::O_CREAT | OFlag::O_EXCL, 0o600) {
+        Ok(file) => return Ok((file, true)),
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+        Err(_) => {}
+    }
+    let file = match at::open(dir, part, flags, 0o600) {
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            writable_again(dir, part, target).map_err(|w| match w.kind() {
+                io::ErrorKind::PermissionDenied => e,
+                _ => w,
+            })?;
+            at::open(dir, part, flags, 0o600)?
+        }
+        opened => opened?,
+    };
+    Ok((file, false))
+}
+
+/// Removes a part file that is not this user's own, or says why it cannot.
+fn replace_foreign(dir: &File, part: &str, target: &Path) -> io::Result<()> {
+    at::remove(dir, part).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "{part} next to {} is not this user's part file and cannot be removed ({e}): \
+                 remove it, or copy to another directory",
+                target.display()
+            ),
+        )
+    })
 }
 
 /// True when `file` is a regular file of the user this thread makes files as, with no other
@@ -669,10 +690,14 @@ fn fs_uid() -> u32 {
 /// Gives the owner write permission back on a part file that an interrupted commit left
 /// with its final, read-only mode (`SetAttributes` runs before the rename): without it, a
 /// receiver that is not root could never resume or replace that part file.
-fn writable_again(dir: &File, part: &str) -> io::Result<()> {
+/// Another user's read-only file there is removed instead (a new one is then made).
+fn writable_again(dir: &File, part: &str, target: &Path) -> io::Result<()> {
     let file = at::open(dir, part, OFlag::O_RDONLY, 0)?;
     if !at::is_file(&at::fstat(&file)?) {
         return Err(io::ErrorKind::InvalidInput.into());
+    }
+    if !is_ours(&file)? {
+        return replace_foreign(dir, part, target);
     }
     file.set_permissions(Permissions::from_mode(0o600))
 }
@@ -1255,6 +1280,22 @@ mod tests {
         f.commit(|_| {}).unwrap();
         assert_eq!(std::fs::read(&target).unwrap(), b"abcdefghij");
         assert_eq!(std::fs::metadata(&target).unwrap().uid(), me);
+    }
+
+    /// Run as root: a read-only part file of another user in a directory the receiver owns
+    /// (it cannot be opened for writing, nor given write permission back) is replaced too.
+    #[test]
+    fn a_read_only_part_file_of_another_user_is_replaced() {
+        let t = tempfile::tempdir().unwrap();
+        let part = t.path().join(".f.hsxfer-part");
+        std::fs::write(&part, b"planted").unwrap();
+        std::fs::set_permissions(&part, Permissions::from_mode(0o444)).unwrap();
+        as_nobody_if_root(t.path(), || {
+            let target = t.path().join("f");
+            let f = written_whole(&target);
+            f.commit(|_| {}).unwrap();
+            assert_eq!(std::fs::read(&target).unwrap(), b"abcdefghij");
+        });
     }
 
     #[test]
