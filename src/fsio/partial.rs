@@ -149,16 +149,36 @@ struct Journal {
     last_flush: Instant,
     /// The sync in progress: it syncs the data, then appends the records it covers.
     syncing: Option<JoinHandle<io::Result<()>>>,
+    /// A sync of the data failed. The kernel reports a writeback error once per open file,
+    /// so a later sync may succeed over the lost writes: from then on nothing more is
+    /// recorded, and the file cannot be committed.
+    failed: bool,
 }
 
 impl Journal {
-    /// Waits for the sync in progress, if any, and returns its result.
+    /// Waits for the sync in progress, if any, and returns its result, or the failure of an
+    /// earlier one.
     fn settle(&mut self) -> io::Result<()> {
-        match self.syncing.take() {
+        let r = match self.syncing.take() {
             Some(h) => h
                 .join()
                 .unwrap_or_else(|_| Err(io::Error::other("the journal's sync thread panicked"))),
             None => Ok(()),
+        };
+        self.failing(r)
+    }
+
+    /// `r`, remembered if it failed; an error if an earlier sync failed.
+    fn failing(&mut self, r: io::Result<()>) -> io::Result<()> {
+        match r {
+            Err(e) => {
+                self.failed = true;
+                Err(e)
+            }
+            Ok(()) if self.failed => Err(io::Error::other(
+                "an earlier sync of this file's data to disk failed",
+            )),
+            Ok(()) => Ok(()),
         }
     }
 
@@ -182,7 +202,8 @@ impl Journal {
         let sync = self.take_sync(data)?;
         if SYNCS_RUNNING.fetch_add(1, Ordering::SeqCst) >= BACKGROUND_SYNCS {
             SYNCS_RUNNING.fetch_sub(1, Ordering::SeqCst);
-            return sync();
+            let r = sync();
+            return self.failing(r);
         }
         let spawned = std::thread::Builder::new()
             .name("hsxfer-sync".into())
@@ -423,6 +444,7 @@ pub fn prepare_in(
             pending_bytes: 0,
             last_flush: Instant::now(),
             syncing: None,
+            failed: false,
         }))
     } else {
         None
@@ -784,7 +806,7 @@ impl PartialFile {
             return Ok(());
         };
         let mut j = j.lock().expect("journal lock");
-        if j.syncing.as_ref().is_some_and(|h| h.is_finished()) {
+        if j.failed || j.syncing.as_ref().is_some_and(|h| h.is_finished()) {
             j.settle()?;
         }
         j.pending
@@ -1309,6 +1331,31 @@ mod tests {
         let e = f.commit(|_| {}).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
         assert!(!target.exists(), "nothing under the final name");
+        // Once failed, always: the next sync would succeed over the lost writes.
+        assert!(f.record(1, &digest(b"efgh")).is_err());
+        let again = f.commit(|_| {}).unwrap_err();
+        assert!(again.to_string().contains("earlier sync"), "{again}");
+        assert!(!target.exists());
+    }
+
+    /// A part file dropped after a failed sync appends nothing more to its journal: a resume
+    /// would trust blocks whose writes may never have reached the disk.
+    #[test]
+    fn a_failed_sync_leaves_the_journal_as_it_was() {
+        let t = tempfile::tempdir().unwrap();
+        let target = t.path().join("f");
+        let f = written_whole(&target);
+        f.record(0, &digest(b"abcd")).unwrap();
+        let journal = t.path().join(sibling_name("f", JOURNAL_SUFFIX));
+        let before = std::fs::read(&journal).unwrap();
+        let failing = std::thread::spawn(|| Err(io::Error::from_raw_os_error(libc::EIO)));
+        while !failing.is_finished() {
+            std::thread::yield_now();
+        }
+        f.journal.as_ref().unwrap().lock().unwrap().syncing = Some(failing);
+        assert!(f.record(1, &digest(b"efgh")).is_err());
+        drop(f);
+        assert_eq!(std::fs::read(&journal).unwrap(), before);
     }
 
     /// Another version of `meta(10)`'s file (a later mtime): never skipped as already there.
