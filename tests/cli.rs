@@ -614,37 +614,33 @@ fn a_file_of_too_many_blocks_is_refused_with_the_block_size_that_takes_it() {
     let port = free_port();
     let mut server = serve(&root, port);
     let port = port.to_string();
-    let from = "127.0.0.1:huge.img";
-    let pulled = [
-        "copy",
-        "--no-auth",
-        "--port",
-        &port,
-        "--block-size",
-        "4K",
-        from,
+    let in_4k_blocks = |from: &str, to: &str, needle: &str| {
+        let args = [
+            "copy",
+            "--no-auth",
+            "--port",
+            &port,
+            "--block-size",
+            "4K",
+            from,
+            to,
+        ];
+        fails_with(&args, needle);
+    };
+    in_4k_blocks(
+        "127.0.0.1:huge.img",
         "/dev/null",
-    ];
-    fails_with(
-        &pulled,
         "copy it with a --block-size of 4194304 bytes or more",
     );
     assert!(
         server.0.try_wait().unwrap().is_none(),
         "the server is still serving"
     );
-    let huge = huge.to_str().unwrap();
-    let pushed = [
-        "copy",
-        "--no-auth",
-        "--port",
-        &port,
-        "--block-size",
-        "4K",
-        huge,
+    in_4k_blocks(
+        huge.to_str().unwrap(),
         "127.0.0.1:x",
-    ];
-    fails_with(&pushed, "more than 4,194,304 blocks of 4096 bytes");
+        "more than 4,194,304 blocks of 4096 bytes",
+    );
 }
 
 /// `token new` writes a strong private token; a token others may read, one too short to
