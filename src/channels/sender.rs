@@ -128,16 +128,13 @@ impl SendPlanner {
             }
             PlanAction::Send { have } => {
                 let n = f.digests.len() as u64;
-                let mut held = vec![false; n as usize];
-                for &b in have {
-                    *held
-                        .get_mut(b as usize)
-                        .ok_or_else(|| Violation(format!("plan names block {b} of {n}")))? = true;
-                }
-                for (block, &h) in held.iter().enumerate() {
-                    jobs.push(job(plan.file, f.size, bs, block as u64, !h));
+                if let Some(b) = have.iter().find(|&&b| b >= n) {
+                    return Err(Violation(format!("plan names block {b} of {n}")));
                 }
                 f.held = have.iter().copied().collect();
+                for block in 0..n {
+                    jobs.push(job(plan.file, f.size, bs, block, !f.held.contains(&block)));
+                }
                 self.resumed_bytes += jobs
                     .iter()
                     .filter(|j| !j.send)
