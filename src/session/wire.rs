@@ -273,6 +273,10 @@ const _: () = assert!(BLOCK_STALL.as_secs() == 120);
 /// contention a slow path (a 256 kbit/s uplink shared by 4 channels) takes its time.
 pub const BLOCK_MIN_RATE: u64 = 16 << 10;
 
+/// The error of a block that fell behind [`BLOCK_MIN_RATE`].
+const TOO_SLOW: &str = "waiting for the rest of a block: it came slower than 128 kbit/s (run the \
+                        same command again to resume)";
+
 /// How long a block's payload may still take: [`BLOCK_STALL`] from its start, plus a
 /// second for every [`BLOCK_MIN_RATE`] bytes that came (as Apache's `mod_reqtimeout`
 /// extends a request body's timeout with `MinRate`).
@@ -298,10 +302,7 @@ impl BlockPace {
         match self.deadline.checked_duration_since(now) {
             _ if !contended => Ok(BLOCK_STALL),
             Some(left) if !left.is_zero() => Ok(left.min(BLOCK_STALL)),
-            _ => Err(Error::Timeout(
-                "waiting for the rest of a block: it came slower than 128 kbit/s (run the \
-                 same command again to resume)",
-            )),
+            _ => Err(Error::Timeout(TOO_SLOW)),
         }
     }
 }
@@ -318,10 +319,7 @@ async fn within<T>(
 ) -> Result<T> {
     match tokio::time::timeout(patience, read).await {
         Ok(r) => r.map_err(closed),
-        Err(_) if patience < BLOCK_STALL => Err(Error::Timeout(
-            "waiting for the rest of a block: it came slower than 128 kbit/s (run the same \
-             command again to resume)",
-        )),
+        Err(_) if patience < BLOCK_STALL => Err(Error::Timeout(TOO_SLOW)),
         Err(_) => Err(Error::Timeout(
             "waiting for the rest of a block: nothing came for 2 minutes (run the same \
              command again to resume)",
