@@ -640,24 +640,19 @@ fn open_locked(dir: &File, part: &str, flags: OFlag, target: &Path) -> io::Resul
     loop {
         let (file, made_here) = open_part(dir, part, flags, target)?;
         lock(&file, start, target)?;
-        if !is_named(dir, part, &file)? {
-            if start.elapsed() >= LOCK_PATIENCE {
-                return Err(busy(target));
+        if is_named(dir, part, &file)? {
+            if !flags.contains(OFlag::O_CREAT) || made_here || is_ours(&file)? {
+                return Ok(file);
             }
-            continue;
-        }
-        if flags.contains(OFlag::O_CREAT) && !made_here && !is_ours(&file)? {
             // Another user's file (or one linked elsewhere too) could be written through
             // their own descriptor after its blocks were verified, and would be committed
             // as theirs: it is removed (under its lock: no transfer here holds it), and the
             // name opened again makes one of ours.
             replace_foreign(dir, part, target)?;
-            if start.elapsed() >= LOCK_PATIENCE {
-                return Err(busy(target));
-            }
-            continue;
         }
-        return Ok(file);
+        if start.elapsed() >= LOCK_PATIENCE {
+            return Err(busy(target));
+        }
     }
 }
 
