@@ -216,7 +216,6 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                 // Messages already read go with it, and the verdicts already made: the files
                 // they complete commit as one group.
                 msg = self.ctrl_r.expect() => {
-                    idle.heard(tokio::time::Instant::now());
                     let mut next = Some(msg?);
                     while let Some(msg) = next.take() {
                         match msg {
@@ -630,7 +629,7 @@ pub const SESSION_IDLE: Duration = Duration::from_secs(600);
 /// Watches a receiving session for a silent peer ([`SESSION_IDLE`]).
 #[derive(Debug)]
 struct IdleWatch {
-    /// When the peer was last heard from (or the session last waited on itself).
+    /// When the peer was last heard from (or this end last worked or waited on itself).
     heard: tokio::time::Instant,
     /// Block bytes that had arrived then.
     bytes: u64,
@@ -641,7 +640,8 @@ impl IdleWatch {
         IdleWatch { heard: now, bytes }
     }
 
-    /// A control message arrived.
+    /// The peer was heard from (a control message, a channel's verdict), or this end
+    /// finished work of its own.
     fn heard(&mut self, now: tokio::time::Instant) {
         self.heard = now;
     }
