@@ -96,6 +96,11 @@ impl KnownServers {
 mod tests {
     use super::*;
 
+    /// What a lookup finds for a key recorded on `line`.
+    fn key(fingerprint: Fingerprint, line: usize) -> Known {
+        Known::Key { fingerprint, line }
+    }
+
     #[test]
     fn records_then_finds_each_server_by_name() {
         let dir = tempfile::tempdir().unwrap();
@@ -104,20 +109,8 @@ mod tests {
         let (a, b) = (Fingerprint::test_value(1), Fingerprint::test_value(2));
         k.record("h:1", a).unwrap();
         k.record("h:2", b).unwrap();
-        assert_eq!(
-            k.lookup("h:2").unwrap(),
-            Known::Key {
-                fingerprint: b,
-                line: 2
-            }
-        );
-        assert_eq!(
-            k.lookup("h:1").unwrap(),
-            Known::Key {
-                fingerprint: a,
-                line: 1
-            }
-        );
+        assert_eq!(k.lookup("h:2").unwrap(), key(b, 2));
+        assert_eq!(k.lookup("h:1").unwrap(), key(a, 1));
         assert_eq!(k.lookup("h").unwrap(), Known::Unknown);
     }
 
@@ -129,19 +122,7 @@ mod tests {
         std::fs::write(&path, format!("a:1 {a}")).unwrap();
         let k = KnownServers::at(&path);
         k.record("b:2", b).unwrap();
-        assert_eq!(
-            k.lookup("a:1").unwrap(),
-            Known::Key {
-                fingerprint: a,
-                line: 1
-            }
-        );
-        assert_eq!(
-            k.lookup("b:2").unwrap(),
-            Known::Key {
-                fingerprint: b,
-                line: 2
-            }
-        );
+        assert_eq!(k.lookup("a:1").unwrap(), key(a, 1));
+        assert_eq!(k.lookup("b:2").unwrap(), key(b, 2));
     }
 }
