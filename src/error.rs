@@ -4,7 +4,7 @@
 use std::io;
 use std::net::IpAddr;
 
-use crate::channels::busy::Busy;
+use crate::channels::busy::{Busy, Cap};
 use crate::channels::opening::OpeningError;
 use crate::channels::{ProtocolError, Violation};
 use crate::fsio::dest::DestError;
@@ -209,10 +209,19 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// What the server's operator can change when its session caps turn clients away.
 fn busy_hint(b: &Busy) -> &'static str {
-    match (b.sessions, b.per_address) {
-        (true, true) => " (the server's `ServerLimits::sessions_per_address` raises the limit)",
-        (true, false) => " (the server's `ServerLimits::sessions` raises the limit)",
-        (false, _) => "",
+    match (b.cap, b.per_address) {
+        (Cap::Sessions, true) => {
+            " (the server's `ServerLimits::sessions_per_address` raises the limit)"
+        }
+        (Cap::Sessions, false) => " (the server's `ServerLimits::sessions` raises the limit)",
+        (Cap::Channels, true) => {
+            " (with fewer channels; the server's `ServerLimits::channels_per_address` raises \
+             the limit)"
+        }
+        (Cap::Channels, false) => {
+            " (with fewer channels; the server's `ServerLimits::channels` raises the limit)"
+        }
+        (Cap::Handshakes | Cap::Other(_), _) => "",
     }
 }
 

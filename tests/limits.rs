@@ -97,6 +97,116 @@ async fn a_flood_of_unauthenticated_connections_does_not_stop_a_real_copy() {
     assert!(turned_away >= 1100 - 256, "{turned_away}");
 }
 
+/// A TLS connection to the server at `port` from the loopback address `from`.
+async fn open_from(from: [u8; 4], port: u16) -> hsxfer::transport::tls::Stream {
+    let sock = TcpSocket::new_v4().unwrap();
+    sock.bind((from, 0).into()).unwrap();
+    let tcp = sock.connect(([127, 0, 0, 1], port).into()).await.unwrap();
+    hsxfer::session::handshake::Opener::Tls(hsxfer::transport::tls::ClientTls::new(None))
+        .open(tcp, "test")
+        .await
+        .expect("a TLS connection")
+}
+
+/// A token holder's session from `from` that sends no request and joins data channels, one
+/// after another, until the server turns one away or `most` have joined. Returns the
+/// connections it holds (the session ends when they are dropped) and the answer that
+/// ended the joining.
+async fn join_until_busy(
+    from: [u8; 4],
+    port: u16,
+    most: u16,
+) -> (Vec<hsxfer::transport::tls::Stream>, Option<Error>) {
+    use hsxfer::session::handshake::{client_control, client_join};
+    let mut ctrl = open_from(from, port).await;
+    let key = hsxfer::channels::auth::TokenKey::from_token(b"");
+    let (session, skey) = client_control(&mut ctrl, &key, "t").await.unwrap();
+    let mut held = vec![ctrl];
+    for channel in 0..most {
+        let mut s = open_from(from, port).await;
+        match client_join(&mut s, &skey, session, channel, "t").await {
+            Ok(()) => held.push(s),
+            Err(e) => return (held, Some(e)),
+        }
+    }
+    (held, None)
+}
+
+/// Sessions that join many data channels and never ask for anything hold the server's
+/// descriptors: at 2,048 of them (hard limit too) the server takes 256 channels in all and
+/// 128 from one address, and turns the next away with which cap it hit, so that accepts and
+/// file opens never run out. A copy from another address is served while one address holds
+/// its most; once two addresses hold all, a copy is told to retry and how to raise the cap,
+/// and it succeeds once they let go. Without the cap every join was admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_channels_are_capped_per_address_and_in_total_from_the_descriptor_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("f");
+    random_file(&src, 1 << 20, 12);
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let (_server, port) = limited_server_at(&root, 2048);
+    let copy = || {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_hsxfer"));
+        c.args(["copy", "--no-auth", "-n", "4", "--port", &port.to_string()])
+            .arg(&src)
+            .arg("127.0.0.1:f");
+        async move {
+            tokio::task::spawn_blocking(move || c.output().unwrap())
+                .await
+                .unwrap()
+        }
+    };
+    let is_busy = |e: &Option<Error>, per_address: bool| match e {
+        Some(Error::Busy { busy, .. }) => {
+            busy.cap == hsxfer::channels::busy::Cap::Channels
+                && busy.per_address == per_address
+                && busy.limit == if per_address { 128 } else { 256 }
+        }
+        _ => false,
+    };
+
+    let (first, _) = join_until_busy([127, 0, 0, 2], port, 128).await;
+    let (second, refused) = join_until_busy([127, 0, 0, 2], port, 128).await;
+    assert_eq!(first.len() - 1, 128);
+    assert_eq!(second.len() - 1, 0);
+    assert!(is_busy(&refused, true), "{refused:?}");
+    let out = copy().await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(sha256(&src), sha256(&root.join("f")));
+
+    let (third, refused) = join_until_busy([127, 0, 0, 3], port, 128).await;
+    assert_eq!(third.len() - 1, 128, "{refused:?}");
+    let (_, refused) = join_until_busy([127, 0, 0, 4], port, 1).await;
+    assert!(is_busy(&refused, false), "{refused:?}");
+    let out = copy().await;
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        said.contains("256 data channels in total") && said.contains("--max-channels"),
+        "{said}"
+    );
+
+    drop((first, second, third));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = copy().await;
+        if out.status.success() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the channels were not given back: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// A connection that sends its hello one byte at a time is dropped when the whole handshake
 /// takes longer than the limit, not only when one read does.
 #[tokio::test]

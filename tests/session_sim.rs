@@ -12,7 +12,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use hsxfer::channels::auth::{SessionId, SessionKey, TokenKey};
-use hsxfer::channels::busy::Busy;
+use hsxfer::channels::busy::{Busy, Cap};
 use hsxfer::channels::control::{
     FilePlan, FrameSeal, HostFacts, Message, Operation, PlanAction, Request, Tuning, Way,
     PROTOCOL_VERSION,
@@ -957,7 +957,7 @@ fn a_wrong_token_is_refused_before_anything_else() {
 #[test]
 fn a_busy_server_says_which_cap() {
     let busy = Busy {
-        sessions: true,
+        cap: Cap::Sessions,
         per_address: true,
         limit: 2,
     };

@@ -68,6 +68,11 @@ const KEYWORDS: &[(&str, &str)] = &[
         "`hsxfer serve --max-sessions-per-address`",
     ),
     ("`ServerLimits::sessions`", "`hsxfer serve --max-sessions`"),
+    (
+        "`ServerLimits::channels_per_address`",
+        "`hsxfer serve --max-channels-per-address`",
+    ),
+    ("`ServerLimits::channels`", "`hsxfer serve --max-channels`"),
 ];
 
 /// `text` with the Rust items it names as options replaced by Python's keywords.

@@ -485,6 +485,7 @@ fn feed<M: Stepped>(m: &mut M, mut input: &[u8]) -> Result<usize, HandshakeError
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::channels::busy::Cap;
 
     /// Passes bytes both ways in chunks of `chunk` until neither side has output.
     fn pump(
@@ -597,7 +598,7 @@ mod tests {
     #[test]
     fn busy_in_place_of_the_hello_or_the_welcome() {
         let busy = Busy {
-            sessions: true,
+            cap: Cap::Sessions,
             per_address: false,
             limit: 3,
         };

@@ -9,6 +9,11 @@ const FLAGS: &[(&str, &str)] = &[
         "--max-sessions-per-address",
     ),
     ("`ServerLimits::sessions`", "--max-sessions"),
+    (
+        "`ServerLimits::channels_per_address`",
+        "--max-channels-per-address",
+    ),
+    ("`ServerLimits::channels`", "--max-channels"),
     ("`SshLaunch::command`", "--ssh-command"),
     ("`ServerBuilder::allow_clear`", "--no-encrypt"),
     ("`Security::Clear`", "--no-encrypt"),

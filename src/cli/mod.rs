@@ -204,6 +204,14 @@ struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = ServerLimits::default().sessions_per_address,
           value_parser = clap::value_parser!(u32).range(1..))]
     max_sessions_per_address: u32,
+    /// Most data channels joined to sessions at once (default: an eighth of the open-files
+    /// limit, at least 128); a channel past it is turned away with a message to retry.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_channels: Option<u32>,
+    /// Most data channels at once from one client address (default: half of
+    /// --max-channels, at least 128 when it allows).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_channels_per_address: Option<u32>,
     /// Memory for blocks being received, across sessions (default: 64M; e.g. 1G): a channel
     /// waits for a block's buffer while all of it is held. Raise it for many channels of
     /// large blocks at once.
@@ -673,6 +681,27 @@ async fn stop_signal() -> Signal {
     }
 }
 
+/// The server's caps: its flags, and defaults for this process's descriptor limit (raised
+/// by then) for the rest.
+fn server_limits(a: &ServeArgs) -> ServerLimits {
+    let defaults = ServerLimits::default();
+    let limits = match a.max_channels {
+        Some(n) => defaults.with_channels(n),
+        None => defaults,
+    };
+    ServerLimits {
+        sessions: a.max_sessions,
+        sessions_per_address: a.max_sessions_per_address,
+        channels_per_address: a
+            .max_channels_per_address
+            .unwrap_or(limits.channels_per_address),
+        block_memory: a.block_memory.map_or(limits.block_memory, |b| {
+            usize::try_from(b).unwrap_or(usize::MAX)
+        }),
+        ..limits
+    }
+}
+
 async fn serve(a: ServeArgs) -> anyhow::Result<bool> {
     let root = a.root.clone().unwrap_or_else(|| PathBuf::from("."));
     let (auth, announce) = if a.stdio {
@@ -715,16 +744,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<bool> {
         auth,
         #[cfg(feature = "testing")]
         faults: a.faults.faults(),
-        limits: ServerLimits {
-            sessions: a.max_sessions,
-            sessions_per_address: a.max_sessions_per_address,
-            block_memory: a
-                .block_memory
-                .map_or(ServerLimits::default().block_memory, |b| {
-                    usize::try_from(b).unwrap_or(usize::MAX)
-                }),
-            ..ServerLimits::default()
-        },
+        limits: server_limits(&a),
         mptcp: a.mptcp,
         mptcp_pm: a.mptcp_pm,
     })

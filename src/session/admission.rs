@@ -1,14 +1,15 @@
 //! How many connections a server holds at once, per peer address and in total, so that no
 //! peer can exhaust its descriptors or memory (OpenSSH's `MaxStartups` is the model): a cap on
-//! connections still in their handshake, and a cap on sessions. A connection past a cap is
-//! turned away at once with the cap it hit ([`Busy`]).
+//! connections still in their handshake, a cap on sessions, and a cap on the data channels
+//! joined to them. A connection past a cap is turned away at once with the cap it hit
+//! ([`Busy`]).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::channels::busy::Busy;
+use crate::channels::busy::{Busy, Cap};
 use crate::channels::limits::MAX_CHANNELS;
 
 /// What a server allows at once. The defaults fit a host with the usual 1,024 descriptors.
@@ -23,6 +24,17 @@ pub struct ServerLimits {
     pub sessions: u32,
     /// Sessions from one address.
     pub sessions_per_address: u32,
+    /// Data channels joined to sessions, in total: each holds a descriptor, two on a server
+    /// that sends (its socket and the sampler's duplicate), so without a cap a token holder's
+    /// sessions of many channels would take the descriptors the server needs to accept
+    /// connections and open files. The default is an eighth of the descriptor limit
+    /// (`RLIMIT_NOFILE`, at least [`MAX_CHANNELS`]): at most a quarter of the descriptors,
+    /// beside the half the files being received may hold
+    /// ([`super::budget::FileBudget::for_this_process`]).
+    pub channels: u32,
+    /// Data channels from one address: half of [`Self::channels`], at least
+    /// [`MAX_CHANNELS`] (one session of the most channels) when the total allows.
+    pub channels_per_address: u32,
     /// How long a connection may take to authenticate, from its accept.
     pub handshake_timeout: Duration,
     /// How long an authenticated control connection may take to send its request.
@@ -32,16 +44,61 @@ pub struct ServerLimits {
     pub block_memory: usize,
 }
 
+/// The default caps on data channels, in total and per address, for a process allowed
+/// `descriptors` open files.
+fn channel_caps(descriptors: u64) -> (u32, u32) {
+    let total = u32::try_from(descriptors / 8)
+        .unwrap_or(u32::MAX)
+        .max(MAX_CHANNELS as u32);
+    (total, channels_per_address(total))
+}
+
+/// Half of `total`, but one session of the most channels when `total` allows.
+fn channels_per_address(total: u32) -> u32 {
+    (total / 2).max(MAX_CHANNELS as u32).min(total)
+}
+
 impl Default for ServerLimits {
+    /// Caps for a host with the usual 1,024 descriptors; the data channels' caps follow this
+    /// process's descriptor limit.
     fn default() -> Self {
+        let descriptors =
+            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+                .map_or(1024, |(soft, _)| soft);
+        let (channels, channels_per_address) = channel_caps(descriptors);
         ServerLimits {
             handshakes: 4 * MAX_CHANNELS as u32,
             handshakes_per_address: 2 * MAX_CHANNELS as u32,
             sessions: 256,
             sessions_per_address: 64,
+            channels,
+            channels_per_address,
             handshake_timeout: super::handshake::HANDSHAKE_TIMEOUT,
             request_timeout: Duration::from_secs(60),
             block_memory: super::block_memory::DEFAULT_SERVER_BLOCK_MEMORY,
+        }
+    }
+}
+
+impl ServerLimits {
+    /// These limits with at most `total` data channels at once, and half as many from one
+    /// address (one session of the most channels, when `total` allows).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use hsxfer::ServerLimits;
+    ///
+    /// let l = ServerLimits::default().with_channels(1000);
+    /// assert_eq!((l.channels, l.channels_per_address), (1000, 500));
+    /// let l = ServerLimits::default().with_channels(100);
+    /// assert_eq!((l.channels, l.channels_per_address), (100, 100));
+    /// ```
+    pub fn with_channels(self, total: u32) -> Self {
+        ServerLimits {
+            channels: total,
+            channels_per_address: channels_per_address(total),
+            ..self
         }
     }
 }
@@ -59,6 +116,7 @@ pub struct Admission {
     limits: Arc<ServerLimits>,
     handshakes: Arc<Mutex<Counts>>,
     sessions: Arc<Mutex<Counts>>,
+    channels: Arc<Mutex<Counts>>,
 }
 
 /// A counted connection; it is uncounted when dropped, however its task ends.
@@ -81,17 +139,17 @@ impl Drop for Ticket {
     }
 }
 
-/// Counts a connection of one kind (`sessions` or handshakes) from `peer` unless that would
-/// pass the `total` or the `per`-address cap.
+/// Counts a connection of one kind (`cap`) from `peer` unless that would pass the `total` or
+/// the `per`-address cap.
 fn enter(
     counts: &Arc<Mutex<Counts>>,
     peer: IpAddr,
-    sessions: bool,
+    cap: Cap,
     (total, per): (u32, u32),
 ) -> Result<Ticket, Busy> {
     let mut c = counts.lock().expect("admission lock");
     let busy = |per_address, limit| Busy {
-        sessions,
+        cap,
         per_address,
         limit,
     };
@@ -117,6 +175,7 @@ impl Admission {
             limits: Arc::new(limits),
             handshakes: Arc::default(),
             sessions: Arc::default(),
+            channels: Arc::default(),
         }
     }
 
@@ -129,7 +188,7 @@ impl Admission {
     pub fn handshake(&self, peer: IpAddr) -> Result<Ticket, Busy> {
         let l = &self.limits;
         let caps = (l.handshakes, l.handshakes_per_address);
-        enter(&self.handshakes, peer, false, caps)
+        enter(&self.handshakes, peer, Cap::Handshakes, caps)
     }
 
     /// Authenticated sessions now.
@@ -143,8 +202,19 @@ impl Admission {
         enter(
             &self.sessions,
             peer,
-            true,
+            Cap::Sessions,
             (l.sessions, l.sessions_per_address),
+        )
+    }
+
+    /// Counts a data channel joining a session; its ticket lives as long as the session.
+    pub fn channel(&self, peer: IpAddr) -> Result<Ticket, Busy> {
+        let l = &self.limits;
+        enter(
+            &self.channels,
+            peer,
+            Cap::Channels,
+            (l.channels, l.channels_per_address),
         )
     }
 }
@@ -168,7 +238,7 @@ mod tests {
         let x1 = a.session(x).unwrap();
         let _x2 = a.session(x).unwrap();
         let busy = |per_address, limit| Busy {
-            sessions: true,
+            cap: Cap::Sessions,
             per_address,
             limit,
         };
@@ -181,5 +251,20 @@ mod tests {
         // Handshakes are counted apart from sessions.
         let _h = a.handshake(x).unwrap();
         assert_eq!(a.sessions.lock().unwrap().by_address.get(&x), Some(&1));
+        // So are data channels.
+        let _c = a.channel(x).unwrap();
+        assert_eq!(a.channels.lock().unwrap().total, 1);
+    }
+
+    #[test]
+    fn channels_take_an_eighth_of_the_descriptors_and_half_of_that_per_address() {
+        assert_eq!(channel_caps(1 << 20), (131_072, 65_536));
+        assert_eq!(channel_caps(4096), (512, 256));
+        // One session of the most channels is always possible.
+        assert_eq!(channel_caps(2048), (256, 128));
+        assert_eq!(channel_caps(1024), (128, 128));
+        assert_eq!(channel_caps(256), (128, 128));
+        assert_eq!(channels_per_address(200), 128);
+        assert_eq!(channels_per_address(64), 64);
     }
 }

@@ -87,6 +87,8 @@ struct Pending {
     key: SessionKey,
     /// One slot per channel the session may have: true once that channel joined.
     joined: Vec<bool>,
+    /// The joined channels' counts against the server's caps, held while the session lives.
+    tickets: Vec<Ticket>,
     tx: mpsc::UnboundedSender<(u16, Stream)>,
 }
 
@@ -134,6 +136,7 @@ impl SessionSlots {
             Pending {
                 key: key.clone(),
                 joined: vec![false; limits::MAX_CHANNELS as usize],
+                tickets: Vec::new(),
                 tx: tx.clone(),
             },
         );
@@ -153,11 +156,13 @@ struct Slots {
 
 impl Drop for Slots {
     fn drop(&mut self) {
-        self.state
+        let gone = self
+            .state
             .pending
             .lock()
             .expect("sessions lock")
             .remove(&self.session);
+        drop(gone);
     }
 }
 
@@ -480,18 +485,42 @@ async fn connection(
                 let free = p
                     .as_ref()
                     .is_some_and(|p| p.joined.get(channel as usize) == Some(&false));
-                let admitted = m.admit_join(p.as_ref().map(|p| &p.key), free);
-                match p {
-                    Some(p) if admitted => {
-                        p.joined[channel as usize] = true;
-                        Some(p.tx.clone())
+                // Counted before it is admitted: past the cap it is turned away instead.
+                let ticket = match free {
+                    true => state.admission.channel(peer.ip()).map(Some),
+                    false => Ok(None),
+                };
+                match ticket {
+                    Err(busy) => {
+                        m.turn_away(busy);
+                        Err(busy)
                     }
-                    _ => None,
+                    Ok(ticket) => {
+                        let admitted = m.admit_join(p.as_ref().map(|p| &p.key), free);
+                        Ok(match (p, ticket) {
+                            (Some(p), Some(ticket)) if admitted => {
+                                p.joined[channel as usize] = true;
+                                p.tickets.push(ticket);
+                                Some(p.tx.clone())
+                            }
+                            _ => None,
+                        })
+                    }
                 }
             };
-            let Some(tx) = tx else {
-                handshake::close_with(s, &mut m).await;
-                return Err(Error::Refused(format!("bad join for channel {channel}")));
+            let tx = match tx {
+                Ok(Some(tx)) => tx,
+                Ok(None) => {
+                    handshake::close_with(s, &mut m).await;
+                    return Err(Error::Refused(format!("bad join for channel {channel}")));
+                }
+                Err(busy) => {
+                    handshake::close_with(s, &mut m).await;
+                    return Err(Error::Busy {
+                        peer: peer.to_string(),
+                        busy,
+                    });
+                }
             };
             handshake::answer(&mut s, &mut m).await?;
             // Under the lock, so that a slot the request has closed since takes nothing
