@@ -623,14 +623,22 @@ async fn only_a_bench_may_end_before_its_files_are_done() {
 /// A server that answers any pull with a manifest of `entries` (a compromised or hostile
 /// server); returns its address.
 async fn hostile_server(entries: Vec<hsxfer::channels::manifest::Entry>) -> std::net::SocketAddr {
-    hostile_server_with_block(entries, None).await
+    hostile_server_doing(entries, Trick::Nothing).await
 }
 
-/// [`hostile_server`], which also sends a 4-byte block at offset 0 of file `stray` on its
-/// first data channel after the manifest.
-async fn hostile_server_with_block(
+/// What a [`hostile_server_doing`] does after its manifest.
+enum Trick {
+    Nothing,
+    /// Sends a 4-byte block at offset 0 of this file on its first data channel.
+    StrayBlock(u32),
+    /// Sends this control message.
+    Tell(Box<hsxfer::channels::control::Message>),
+}
+
+/// [`hostile_server`], which plays `trick` after the manifest.
+async fn hostile_server_doing(
     entries: Vec<hsxfer::channels::manifest::Entry>,
-    stray: Option<u32>,
+    trick: Trick,
 ) -> std::net::SocketAddr {
     use hsxfer::channels::auth::TokenKey;
     use hsxfer::channels::control::Message;
@@ -680,7 +688,10 @@ async fn hostile_server_with_block(
             last: true,
         };
         w.send(&manifest).await.unwrap();
-        if let Some(file) = stray {
+        if let Trick::Tell(m) = &trick {
+            w.send(m).await.unwrap();
+        }
+        if let Trick::StrayBlock(file) = trick {
             use hsxfer::channels::frame::{BlockHeader, DigestKey};
             use hsxfer::session::wire::{write_block, Damage, Digesting};
             let header = BlockHeader {
@@ -718,7 +729,7 @@ async fn a_block_for_a_file_never_announced_ends_a_pull() {
         mtime_ns: 0,
         kind: EntryKind::File { size: 4 },
     }];
-    let addr = hostile_server_with_block(entries, Some(9)).await;
+    let addr = hostile_server_doing(entries, Trick::StrayBlock(9)).await;
     let (c, sources, counters) = (client(addr, 1), ["data".to_string()], live(1));
     let pull = c.pull(&sources, false, dest.to_str().unwrap(), &counters);
     let e = tokio::time::timeout(Duration::from_secs(20), pull)
@@ -726,6 +737,38 @@ async fn a_block_for_a_file_never_announced_ends_a_pull() {
         .expect("refused, not left waiting for a plan that never comes")
         .expect_err("a block for file 9");
     assert!(e.to_string().contains("block for unknown file 9"), "{e}");
+}
+
+/// A server that tells its pulling client to open 1,000 data channels from 60,000 (which
+/// the client once dialed, each a connection and a TLS handshake) ends the pull instead.
+#[tokio::test]
+async fn a_server_may_not_make_its_client_open_channels_out_of_turn() {
+    use hsxfer::channels::control::Message;
+    use hsxfer::channels::manifest::{Entry, EntryKind};
+    let home = tempfile::tempdir().unwrap();
+    let dest = home.path().join("dest");
+    let entries = vec![Entry {
+        id: 0,
+        path: "data".into(),
+        mode: 0o600,
+        mtime_ns: 0,
+        kind: EntryKind::File { size: 4 },
+    }];
+    for (first, count) in [(60_000, 1000), (1, u16::MAX), (1, 200)] {
+        let tell = Trick::Tell(Box::new(Message::OpenChannels { first, count }));
+        let addr = hostile_server_doing(entries.clone(), tell).await;
+        let (c, sources, counters) = (client(addr, 1), ["data".to_string()], live(1));
+        let pull = c.pull(&sources, false, dest.to_str().unwrap(), &counters);
+        let e = tokio::time::timeout(Duration::from_secs(20), pull)
+            .await
+            .expect("refused, not left dialing")
+            .expect_err("channels out of turn");
+        assert!(
+            e.to_string()
+                .contains(&format!("open {count} data channels from {first}")),
+            "{e}"
+        );
+    }
 }
 
 /// A pulling client writes only what it asked for, only inside its destination: a server

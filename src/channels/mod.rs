@@ -23,6 +23,7 @@ pub mod busy;
 pub mod checks;
 pub mod control;
 pub mod frame;
+pub mod growth;
 pub mod handshake;
 pub mod journal;
 pub mod limits;

@@ -10,7 +10,7 @@
 //!   as it joined the first ones.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::TcpStream;
@@ -20,6 +20,8 @@ use super::handshake::{self, Opener};
 use super::tuning::LocalPlan;
 use crate::channels::auth::{SessionId, SessionKey};
 use crate::channels::control::Message;
+use crate::channels::growth::ChannelsToOpen;
+use crate::channels::Violation;
 use crate::error::{Error, Result};
 use crate::transport::tls::Stream;
 use crate::transport::{self, SocketOptions};
@@ -37,8 +39,9 @@ pub type Setup = Box<dyn Fn(usize, &Stream) -> Result<()> + Send + Sync>;
 
 /// How this end gets more channels.
 pub enum Joiner {
-    /// The client: it connects and joins them.
-    Connect(Connector),
+    /// The client: it connects and joins the channels the server says to open, in turn and
+    /// up to the most its request allows.
+    Connect(Connector, Mutex<ChannelsToOpen>),
     /// The server: it admits the client's joins into reserved slots.
     Admit(Reserve),
 }
@@ -162,15 +165,20 @@ pub async fn recv_or_pending<T>(r: &mut Option<mpsc::UnboundedReceiver<T>>) -> O
 }
 
 impl Growth {
-    /// The client connects channels `first..first + count` in the background; each arrives
-    /// with the others once admitted. A channel that cannot join is logged and left out: the
-    /// session goes on with the others.
-    pub fn connect(&self, first: u16, count: u16) {
-        let Joiner::Connect(c) = &self.joiner else {
-            return;
+    /// The client connects channels `first..first + count`, the server's `OpenChannels`, in
+    /// the background; each arrives with the others once admitted. A channel that cannot
+    /// join is logged and left out: the session goes on with the others. Channels out of
+    /// turn or past the most the session may have break the protocol.
+    pub fn connect(&self, first: u16, count: u16) -> Result<()> {
+        let Joiner::Connect(c, to_open) = &self.joiner else {
+            return Err(Violation("OpenChannels sent to the server".into()).into());
         };
-        tracing::debug!("connecting data channels {first}..{}", first + count);
-        for index in first..first.saturating_add(count) {
+        let indices = to_open
+            .lock()
+            .expect("channels to open")
+            .on_open(first, count)?;
+        tracing::debug!("connecting data channels {indices:?}");
+        for index in indices {
             let (c, tx) = (c.clone(), self.deliver.clone());
             tokio::spawn(async move {
                 match c.join(index).await {
@@ -182,6 +190,7 @@ impl Growth {
                 }
             });
         }
+        Ok(())
     }
 }
 
@@ -190,7 +199,7 @@ impl Growth {
 /// (`OpenChannels`). `None` when it may not have more.
 pub fn ask_for_channels(g: Option<&Growth>, count: u16) -> Option<Message> {
     match &g?.joiner {
-        Joiner::Connect(_) => Some(Message::AddChannels { count }),
+        Joiner::Connect(..) => Some(Message::AddChannels { count }),
         Joiner::Admit(reserve) => {
             reserve(count).map(|first| Message::OpenChannels { first, count })
         }
@@ -203,7 +212,7 @@ pub fn admit_channels(g: Option<&Growth>, count: u16) -> Option<Message> {
         Joiner::Admit(reserve) => {
             reserve(count).map(|first| Message::OpenChannels { first, count })
         }
-        Joiner::Connect(_) => None,
+        Joiner::Connect(..) => None,
     }
 }
 

@@ -266,7 +266,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                                 }
                             }
                             Message::OpenChannels { first, count } => match &self.growth {
-                                Some(g) => g.connect(first, count),
+                                Some(g) => g.connect(first, count)?,
                                 None => {
                                     return Err(Violation("unasked OpenChannels".into()).into())
                                 }

@@ -291,7 +291,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                     }
                     Message::Finished if planner.finished() => receiver_finished = true,
                     Message::OpenChannels { first, count } => match &self.growth {
-                        Some(g) => g.connect(first, count),
+                        Some(g) => g.connect(first, count)?,
                         None => return Err(Violation("unasked OpenChannels".into()).into()),
                     },
                     Message::Abort { message } => return Err(Error::PeerAborted(message)),

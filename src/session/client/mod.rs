@@ -5,7 +5,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -22,6 +22,7 @@ use super::source::SendSource;
 use super::tuning::{enforce_congestion, read_setup};
 use super::wire::{control_pair, ControlReader, ControlWriter, Side as WireSide};
 use crate::channels::control::{BenchDirection, HostFacts, Operation};
+use crate::channels::growth::ChannelsToOpen;
 use crate::channels::limits;
 use crate::channels::opening::{Answer, ClientOpening, OpeningError};
 use crate::error::{Error, Result};
@@ -94,6 +95,8 @@ struct Opened {
     tuner: Option<OnlineTuner>,
     /// How to connect channels that join later.
     connector: Connector,
+    /// The most channels the request allows the session.
+    most_channels: u16,
 }
 
 impl Opened {
@@ -101,7 +104,13 @@ impl Opened {
     fn growth(&self, setup: Setup, requests: Option<UnboundedReceiver<u16>>) -> Growth {
         let (deliver, joined) = tokio::sync::mpsc::unbounded_channel();
         Growth {
-            joiner: Joiner::Connect(self.connector.clone()),
+            joiner: Joiner::Connect(
+                self.connector.clone(),
+                Mutex::new(ChannelsToOpen::new(
+                    self.channels.len() as u16,
+                    self.most_channels,
+                )),
+            ),
             deliver,
             setup,
             arrivals: Some(Arrivals {

@@ -118,6 +118,7 @@ impl Client {
             tuner,
         } = prepared;
         report.notes.extend(key_note);
+        let most_channels = tuning.online.as_ref().map_or(n, |o| o.max_channels).max(n);
         let request = opening.request(Request {
             version: PROTOCOL_VERSION,
             op,
@@ -207,6 +208,7 @@ impl Client {
             _path_manager: pm,
             tuner,
             connector,
+            most_channels,
         })
     }
 
