@@ -19,6 +19,11 @@ use crate::tuning::bundled::inspect::GuardBaseline;
 /// (a recovery lasts at least one RTT) and to draw cwnd traces.
 pub const SAMPLE_PERIOD: Duration = Duration::from_millis(10);
 
+/// Loss events kept for the report's loss synchronization (16 MiB of them): a day of 128
+/// channels each losing every 10 s is a million, and a hostile server could otherwise send
+/// them without end. Those past it are left out of the report.
+pub const MAX_LOSS_EVENTS: usize = 1 << 20;
+
 #[derive(Default)]
 struct State {
     setups: Vec<Option<ChannelSetup>>,
@@ -160,7 +165,8 @@ impl Telemetry {
         let i = sample.channel as usize;
         self.ensure_channels(i + 1);
         let mut s = self.lock();
-        if s.detectors[i].on_sample(sample.tcp.recovering(), sample.tcp.total_retrans) {
+        let lost = s.detectors[i].on_sample(sample.tcp.recovering(), sample.tcp.total_retrans);
+        if lost && s.losses.len() < MAX_LOSS_EVENTS {
             s.losses.push(LossEvent {
                 flow: i,
                 at: sample.t,
@@ -207,7 +213,8 @@ impl Telemetry {
         if batch.tuner.is_some() {
             s.tuner = batch.tuner;
         }
-        s.losses.extend(batch.losses);
+        let room = MAX_LOSS_EVENTS - s.losses.len();
+        s.losses.extend(batch.losses.into_iter().take(room));
         if batch.dmctcp.is_some() {
             s.dmctcp = batch.dmctcp;
         }
@@ -282,5 +289,24 @@ mod tests {
             client.take_trace().is_empty(),
             "no trace kept unless enabled"
         );
+    }
+
+    #[test]
+    fn at_most_a_million_loss_events_are_kept() {
+        let client = Telemetry::new(1);
+        let flood = |n| TelemetryBatch {
+            losses: (0..n)
+                .map(|k| LossEvent {
+                    flow: 0,
+                    at: k as f64,
+                })
+                .collect(),
+            ..TelemetryBatch::default()
+        };
+        client.absorb(flood(MAX_LOSS_EVENTS - 1));
+        client.absorb(flood(700_000));
+        assert_eq!(client.losses().len(), MAX_LOSS_EVENTS);
+        let last = client.losses().last().copied();
+        assert_eq!(last, Some(LossEvent { flow: 0, at: 0.0 }));
     }
 }
