@@ -771,6 +771,55 @@ async fn a_server_may_not_make_its_client_open_channels_out_of_turn() {
     }
 }
 
+/// A server whose telemetry names a congestion control of terminal escapes (which the
+/// summary printed as they were: it could rewrite what the terminal showed) or a channel
+/// past the protocol's (the client kept a row for each index up to it) ends the pull.
+#[tokio::test]
+async fn a_servers_telemetry_may_not_rewrite_the_terminal_or_name_absurd_channels() {
+    use hsxfer::channels::control::Message;
+    use hsxfer::channels::manifest::{Entry, EntryKind};
+    use hsxfer::channels::telemetry::{ChannelSetup, TelemetryBatch};
+    let home = tempfile::tempdir().unwrap();
+    let dest = home.path().join("dest");
+    let entries = vec![Entry {
+        id: 0,
+        path: "data".into(),
+        mode: 0o600,
+        mtime_ns: 0,
+        kind: EntryKind::File { size: 4 },
+    }];
+    let setup = |index, cc: &str| ChannelSetup {
+        index,
+        cc: cc.into(),
+        send_buffer_requested: None,
+        send_buffer: 0,
+        recv_buffer: 0,
+        pace_bps: None,
+        stagger_s: 0.0,
+        started_s: None,
+        local: None,
+        remote: None,
+    };
+    for (s, needle) in [
+        (setup(0, "\x1b[2K\rok"), "not a valid name"),
+        (setup(65_535, "cubic"), "channel 65535"),
+    ] {
+        let batch = TelemetryBatch {
+            setups: vec![s],
+            ..TelemetryBatch::default()
+        };
+        let tell = Trick::Tell(Box::new(Message::Telemetry(batch)));
+        let addr = hostile_server_doing(entries.clone(), tell).await;
+        let (c, sources, counters) = (client(addr, 1), ["data".to_string()], live(1));
+        let pull = c.pull(&sources, false, dest.to_str().unwrap(), &counters);
+        let e = tokio::time::timeout(Duration::from_secs(20), pull)
+            .await
+            .expect("refused at once")
+            .expect_err("telemetry refused");
+        assert!(e.to_string().contains(needle), "{e}");
+    }
+}
+
 /// A pulling client writes only what it asked for, only inside its destination: a server
 /// that answers a pull of `data` with `../escape` or `.ssh/authorized_keys` is refused and
 /// nothing lands outside `data`.

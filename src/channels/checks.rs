@@ -2,10 +2,14 @@
 //! wrote, so every count, size and duration in it is checked against [`super::limits`]
 //! before the server allocates, schedules or converts anything from it: `interval_ms: 0` or
 //! `seconds: 1e300` would otherwise panic a task in a timer or a `Duration` conversion.
+//! What a server tells its client about itself and its channels is checked too
+//! ([`check_telemetry`], [`check_facts`]): it is kept per channel and printed.
 
 use super::control::BufferRequest;
-use super::control::{Operation, Request, Tuning, PROTOCOL_VERSION};
+use super::control::{HostFacts, Operation, Request, Tuning, PROTOCOL_VERSION};
 use super::limits::*;
+use super::telemetry::TelemetryBatch;
+use super::Violation;
 
 /// A request outside what this server accepts; the text says what and the allowed range.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -117,7 +121,7 @@ fn check_tuning(t: &Tuning) -> Result<(), BadRequest> {
         t.cc.iter()
             .chain(t.online.iter().filter_map(|o| o.meter_cc.as_ref()));
     for name in cc_names {
-        if name.is_empty() || name.len() > MAX_CC_NAME || !name.is_ascii() {
+        if !is_cc_name(name) {
             return bad(format!(
                 "congestion control name {name:?} is not a valid name"
             ));
@@ -166,6 +170,79 @@ fn check_tuning(t: &Tuning) -> Result<(), BadRequest> {
         if o.rate_bps == Some(0) {
             return bad("a known path rate of 0 bit/s: omit the rate instead".into());
         }
+    }
+    Ok(())
+}
+
+/// Whether `name` may name a congestion control: 1 to 15 visible ASCII characters, as the
+/// kernel's names are. A peer's names are printed, so they carry no control characters.
+pub fn is_cc_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= MAX_CC_NAME && name.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// Whether a peer's words (a version, a tuner's decision) may be shown as they are: no
+/// control characters, which could move a terminal's cursor or rewrite what it shows.
+pub fn is_printable(text: &str) -> bool {
+    !text.chars().any(char::is_control)
+}
+
+/// Checks a batch of telemetry from the sending server: channel indices below
+/// [`MAX_CHANNELS`] (the client keeps a row per index), congestion control names, and the
+/// tuner's words printable.
+pub fn check_telemetry(b: &TelemetryBatch) -> Result<(), Violation> {
+    let channels = b.setups.iter().map(|s| s.index);
+    let sampled = b.latest.iter().chain(&b.trace).map(|s| s.channel);
+    let lost = b.losses.iter().map(|l| l.flow);
+    if let Some(i) = channels
+        .chain(sampled)
+        .map(usize::from)
+        .chain(lost)
+        .find(|&i| i >= MAX_CHANNELS as usize)
+    {
+        return Err(Violation(format!(
+            "telemetry for channel {i}, past the protocol's {MAX_CHANNELS}"
+        )));
+    }
+    if let Some(s) = b.setups.iter().find(|s| !is_cc_name(&s.cc)) {
+        return Err(Violation(format!(
+            "telemetry names congestion control {:?}, not a valid name",
+            s.cc
+        )));
+    }
+    let words = b.tuner.iter().flat_map(|t| &t.decisions).map(|d| &d.what);
+    if let Some(w) = words.into_iter().find(|w| !is_printable(w)) {
+        return Err(Violation(format!(
+            "a tuner decision with control characters: {w:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// Most congestion controls a host's facts may list.
+const MAX_FACTS_CCS: usize = 64;
+
+/// Checks a server's facts about itself: its version printable and short, and at most
+/// [`MAX_FACTS_CCS`] valid congestion control names in each list.
+pub fn check_facts(f: &HostFacts) -> Result<(), Violation> {
+    if f.version.len() > 64 || !is_printable(&f.version) {
+        return Err(Violation(format!(
+            "the server's version {:?} is not a version",
+            f.version
+        )));
+    }
+    let lists = [&f.cc_available, &f.cc_allowed];
+    if lists.iter().any(|l| l.len() > MAX_FACTS_CCS) {
+        return Err(Violation(format!(
+            "the server lists more than {MAX_FACTS_CCS} congestion controls"
+        )));
+    }
+    // An empty default: the server could not read its own.
+    let default = (!f.cc_default.is_empty()).then_some(&f.cc_default);
+    let names = lists.into_iter().flatten().chain(default);
+    if let Some(name) = names.into_iter().find(|n| !is_cc_name(n)) {
+        return Err(Violation(format!(
+            "the server names congestion control {name:?}, not a valid name"
+        )));
     }
     Ok(())
 }
@@ -283,5 +360,73 @@ mod tests {
             recursive: false,
             unplanned_files: 0,
         }
+    }
+
+    #[test]
+    fn a_servers_telemetry_and_facts_name_real_channels_and_print_safely() {
+        use crate::channels::telemetry::{ChannelSetup, Decision, TunerReport};
+        use crate::metrics::LossEvent;
+        let setup = |index, cc: &str| ChannelSetup {
+            index,
+            cc: cc.into(),
+            send_buffer_requested: None,
+            send_buffer: 0,
+            recv_buffer: 0,
+            pace_bps: None,
+            stagger_s: 0.0,
+            started_s: None,
+            local: None,
+            remote: None,
+        };
+        let batch = |setups, losses, what: &str| TelemetryBatch {
+            setups,
+            losses,
+            tuner: Some(TunerReport {
+                decisions: vec![Decision {
+                    t: 1.0,
+                    what: what.into(),
+                }],
+                ..TunerReport::default()
+            }),
+            ..TelemetryBatch::default()
+        };
+        let fine = batch(vec![setup(127, "hsx_dmctcp")], vec![], "paced at 1 Gbit/s");
+        assert_eq!(check_telemetry(&fine), Ok(()));
+        let loss = |flow| vec![LossEvent { flow, at: 1.0 }];
+        for (b, needle) in [
+            (batch(vec![setup(128, "cubic")], vec![], ""), "channel 128"),
+            (batch(vec![], loss(65_535), ""), "channel 65535"),
+            (
+                batch(vec![setup(0, "\x1b]0;x\x07")], vec![], ""),
+                "not a valid name",
+            ),
+            (batch(vec![setup(0, "")], vec![], ""), "not a valid name"),
+            (
+                batch(vec![], vec![], "ok\x1b[2K\rdone"),
+                "control characters",
+            ),
+        ] {
+            let e = check_telemetry(&b).unwrap_err();
+            assert!(e.0.contains(needle), "{e}");
+        }
+
+        let facts = HostFacts {
+            version: "0.1.0".into(),
+            cc_available: vec!["reno".into(), "cubic".into()],
+            cc_allowed: vec!["reno".into()],
+            cc_default: "cubic".into(),
+            ..HostFacts::default()
+        };
+        assert_eq!(check_facts(&facts), Ok(()));
+        assert_eq!(check_facts(&HostFacts::default()), Ok(()));
+        let mut evil = facts.clone();
+        evil.cc_default = "cubic\x1b[2K".into();
+        assert!(check_facts(&evil).is_err());
+        let mut evil = facts.clone();
+        evil.version = "\x1b]0;owned\x07".into();
+        assert!(check_facts(&evil).is_err());
+        let mut evil = facts;
+        evil.cc_available = vec!["reno".into(); 65];
+        assert!(check_facts(&evil).is_err());
     }
 }

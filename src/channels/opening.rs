@@ -23,7 +23,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::checks::BadRequest;
+use super::checks::{check_facts, BadRequest};
 use super::control::{HostFacts, Message, Request};
 use super::Violation;
 
@@ -144,7 +144,10 @@ impl ClientOpening {
                 self.best_rtt = Some(self.best_rtt.map_or(rtt, |b| b.min(rtt)));
                 Answer::Pong(rtt)
             }
-            (ClientState::AskingFacts, Message::HostFacts(f)) => Answer::Facts(Box::new(f)),
+            (ClientState::AskingFacts, Message::HostFacts(f)) => {
+                check_facts(&f)?;
+                Answer::Facts(Box::new(f))
+            }
             (ClientState::Requested { channels }, Message::Accepted { channels: n, notes }) => {
                 if n != channels {
                     return Err(Violation(format!(

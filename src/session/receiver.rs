@@ -21,6 +21,7 @@ use super::report::{LiveStats, SideOutcome};
 use super::stream_order::{hold_limit, OrderedSink};
 use super::wire::{read_header, read_payload, ControlReader, ControlWriter};
 use crate::channels::blocks;
+use crate::channels::checks::check_telemetry;
 use crate::channels::control::{FilePlan, Message, PlanAction};
 use crate::channels::frame::{BlockHeader, DigestKey};
 use crate::channels::manifest::{split_after_files, Entry, EntryKind};
@@ -147,6 +148,10 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         while let Ok(Ok(Message::Telemetry(b))) =
             tokio::time::timeout_at(deadline, self.ctrl_r.expect()).await
         {
+            if let Err(v) = check_telemetry(&b) {
+                tracing::warn!("the sender's last telemetry is left out: {v}");
+                break;
+            }
             let last = b.last;
             self.live.telemetry.absorb(b);
             if last {
@@ -258,6 +263,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                                 self.act(shared, file, v, &mut verified, &mut out).await?;
                             }
                             Message::Telemetry(b) if self.await_telemetry => {
+                                check_telemetry(&b)?;
                                 self.live.telemetry.absorb(b)
                             }
                             Message::AddChannels { count } => {
