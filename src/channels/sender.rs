@@ -209,7 +209,9 @@ impl SendPlanner {
     pub fn on_nack(&mut self, file: u32, block: u64) -> Result<Job, Violation> {
         let bs = self.block_size;
         let f = self.file(file)?;
-        if f.done || block >= f.digests.len() as u64 {
+        // Before its plan the receiver has asked for nothing of the file: a block sent
+        // again then would count as both sent and held once the plan names it.
+        if f.done || !f.planned || block >= f.digests.len() as u64 {
             return Err(Violation(format!("nack for block {block} of file {file}")));
         }
         let times = f.resends.entry(block).or_default();
@@ -405,6 +407,7 @@ mod tests {
         assert!(p.on_plan(&send(1, vec![3])).is_err());
         let mut p = SendPlanner::new(4);
         p.announce(&[entry(1, 10)], true);
+        assert!(p.on_nack(1, 0).is_err(), "a nack before the plan");
         p.on_plan(&send(1, vec![])).unwrap();
         assert!(p.on_plan(&send(1, vec![])).is_err(), "second plan");
         assert!(p.on_done(1).is_err(), "done before sealed");
