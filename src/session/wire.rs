@@ -18,6 +18,10 @@ use crate::transport::tls::{ReadPart, Stream, WritePart};
 /// the control connection.
 const ABORT_LINGER: Duration = Duration::from_secs(5);
 
+/// How long a client waits for the server's answer to a question before the data moves: as
+/// long as a server waits for the client's request.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
+
 fn closed(e: io::Error) -> Error {
     match e.kind() {
         io::ErrorKind::UnexpectedEof
@@ -108,6 +112,14 @@ impl<R: AsyncRead + Unpin> ControlReader<R> {
     /// The next message, treating a close as the peer vanishing.
     pub async fn expect(&mut self) -> Result<Message> {
         self.recv().await?.ok_or(Error::PeerVanished)
+    }
+
+    /// [`Self::expect`] within [`ANSWER_TIMEOUT`]: the answer to a question (a ping, a facts
+    /// question, a request), which a server that went silent would leave waiting for good.
+    pub async fn answer(&mut self, waiting_for: &'static str) -> Result<Message> {
+        tokio::time::timeout(ANSWER_TIMEOUT, self.expect())
+            .await
+            .map_err(|_| Error::Timeout(waiting_for))?
     }
 
     /// After sending an abort: waits (a few seconds at most) until the peer closes the
@@ -451,6 +463,19 @@ fn flipped(piece: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_server_silent_after_a_question_is_given_up_on() {
+        let (_tx, rx) = tokio::io::duplex(1024);
+        let mut r = ControlReader::new(rx, FrameSeal::new([3; 32]));
+        let started = tokio::time::Instant::now();
+        let got = r.answer("waiting for the server's facts").await;
+        assert!(
+            matches!(got, Err(Error::Timeout("waiting for the server's facts"))),
+            "{got:?}"
+        );
+        assert_eq!(started.elapsed(), ANSWER_TIMEOUT);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_block_that_stops_arriving_ends_after_the_stall_time() {

@@ -149,7 +149,7 @@ impl Client {
         };
         w.send(&opening.ask_facts()).await?;
         match r
-            .expect()
+            .answer("waiting for the server's facts")
             .await
             .map(|m| opening.on_message(m, Instant::now()))
         {

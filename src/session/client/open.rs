@@ -130,7 +130,10 @@ impl Client {
         ahead.iter().for_each(|m| ctrl_w.queue(m));
         ctrl_w.flush().await?;
         // Should the server refuse the request, dropping `joins` aborts the channels.
-        match opening.on_message(ctrl_r.expect().await?, Instant::now())? {
+        let answer = ctrl_r
+            .answer("waiting for the server to accept the request")
+            .await?;
+        match opening.on_message(answer, Instant::now())? {
             Answer::Accepted { notes, .. } => report.notes.extend(notes),
             other => unreachable!("a request is answered by its acceptance, not {other:?}"),
         }
@@ -270,7 +273,10 @@ pub(super) async fn ping_rtt(
     w: &mut ControlWriter<WritePart>,
 ) -> Result<Duration> {
     w.send(&opening.ping(Instant::now())).await?;
-    opening.on_message(r.expect().await?, Instant::now())?;
+    let pong = r
+        .answer("waiting for the server's answer to a ping")
+        .await?;
+    opening.on_message(pong, Instant::now())?;
     Ok(opening.best_rtt().expect("the ping was answered"))
 }
 
