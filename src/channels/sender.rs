@@ -40,14 +40,20 @@ fn job(file: u32, size: u64, block_size: u32, block: u64, send: bool) -> Job {
     }
 }
 
+/// A file announced and not yet finished (committed or skipped): finished files are
+/// forgotten, so what the planner holds grows with the blocks hashed of the files in flight,
+/// not with the tree. A tree of large files pulled in 4 KiB blocks and skipped once held
+/// 33 bytes for every block of every file until the session ended.
 #[derive(Debug)]
 struct SendFile {
     size: u64,
+    /// Blocks in the file.
+    blocks: u64,
+    /// Digests of the blocks hashed so far, by index; grown as blocks are hashed.
     digests: Vec<Option<Digest>>,
     unknown: u64,
     planned: bool,
     sealed: bool,
-    done: bool,
     /// Times each block was asked for again (only blocks that were).
     resends: HashMap<u64, u8>,
     /// Blocks the receiver held from an earlier run, counted as resumed until one is asked
@@ -61,7 +67,6 @@ pub struct SendPlanner {
     block_size: u32,
     files: HashMap<u32, SendFile>,
     manifest_complete: bool,
-    finished_files: usize,
     skipped_bytes: u64,
     resumed_bytes: u64,
 }
@@ -73,7 +78,6 @@ impl SendPlanner {
             block_size,
             files: HashMap::new(),
             manifest_complete: false,
-            finished_files: 0,
             skipped_bytes: 0,
             resumed_bytes: 0,
         }
@@ -83,16 +87,16 @@ impl SendPlanner {
     pub fn announce(&mut self, entries: &[Entry], last: bool) {
         for e in entries {
             if let EntryKind::File { size } = e.kind {
-                let n = blocks::count(size, self.block_size) as usize;
+                let n = blocks::count(size, self.block_size);
                 self.files.insert(
                     e.id,
                     SendFile {
                         size,
-                        digests: vec![None; n],
-                        unknown: n as u64,
+                        blocks: n,
+                        digests: Vec::new(),
+                        unknown: n,
                         planned: false,
                         sealed: false,
-                        done: false,
                         resends: HashMap::new(),
                         held: HashSet::new(),
                     },
@@ -105,7 +109,12 @@ impl SendPlanner {
     fn file(&mut self, id: u32) -> Result<&mut SendFile, Violation> {
         self.files
             .get_mut(&id)
-            .ok_or_else(|| Violation(format!("unknown file id {id}")))
+            .ok_or_else(|| Violation(format!("unknown or finished file id {id}")))
+    }
+
+    /// Forgets a file the receiver committed or skipped.
+    fn finish(&mut self, id: u32) {
+        self.files.remove(&id);
     }
 
     /// Applies the receiver's plan for one file: returns the jobs to queue and, for a file
@@ -120,14 +129,12 @@ impl SendPlanner {
         let mut jobs = Vec::new();
         match &plan.action {
             PlanAction::Skip => {
-                f.done = true;
-                let size = f.size;
-                self.finished_files += 1;
-                self.skipped_bytes += size;
+                self.skipped_bytes += f.size;
+                self.finish(plan.file);
                 return Ok((jobs, Vec::new()));
             }
             PlanAction::Send { have } => {
-                let n = f.digests.len() as u64;
+                let n = f.blocks;
                 if let Some(b) = have.iter().find(|&&b| b >= n) {
                     return Err(Violation(format!("plan names block {b} of {n}")));
                 }
@@ -155,11 +162,18 @@ impl SendPlanner {
         block: u64,
         digest: Digest,
     ) -> Result<Vec<Message>, Violation> {
-        let f = self.file(file)?;
-        let slot = f
-            .digests
-            .get_mut(block as usize)
-            .ok_or_else(|| Violation(format!("block {block} out of range")))?;
+        // A job queued before its file finished (a block asked for again, whose other copy
+        // arrived intact meanwhile): nothing is owed for it any more.
+        let Some(f) = self.files.get_mut(&file) else {
+            return Ok(Vec::new());
+        };
+        if block >= f.blocks {
+            return Err(Violation(format!("block {block} out of range")));
+        }
+        if f.digests.len() <= block as usize {
+            f.digests.resize(block as usize + 1, None);
+        }
+        let slot = &mut f.digests[block as usize];
         match slot {
             Some(old) if *old != digest => {
                 return Err(Violation(format!(
@@ -211,7 +225,7 @@ impl SendPlanner {
         let f = self.file(file)?;
         // Before its plan the receiver has asked for nothing of the file: a block sent
         // again then would count as both sent and held once the plan names it.
-        if f.done || !f.planned || block >= f.digests.len() as u64 {
+        if !f.planned || block >= f.blocks {
             return Err(Violation(format!("nack for block {block} of file {file}")));
         }
         let times = f.resends.entry(block).or_default();
@@ -232,35 +246,22 @@ impl SendPlanner {
 
     /// The receiver verified and committed a file.
     pub fn on_done(&mut self, file: u32) -> Result<(), Violation> {
-        let f = self.file(file)?;
-        if f.done || !f.sealed {
+        if !self.file(file)?.sealed {
             return Err(Violation(format!("unexpected completion of file {file}")));
         }
-        f.done = true;
-        self.finished_files += 1;
+        self.finish(file);
         Ok(())
-    }
-
-    /// The digests of a finished file (for the report).
-    pub fn digests(&self, file: u32) -> Option<Vec<Digest>> {
-        let f = self.files.get(&file)?;
-        f.digests.iter().copied().collect()
-    }
-
-    /// Size and block count of a file.
-    pub fn size_of(&self, file: u32) -> Option<u64> {
-        self.files.get(&file).map(|f| f.size)
     }
 
     /// Files announced and neither committed nor skipped yet: what the receiver may hold
     /// open.
     pub fn unfinished(&self) -> usize {
-        self.files.len() - self.finished_files
+        self.files.len()
     }
 
     /// True when the manifest is complete and every file is committed or skipped.
     pub fn finished(&self) -> bool {
-        self.manifest_complete && self.finished_files == self.files.len()
+        self.manifest_complete && self.files.is_empty()
     }
 
     /// Bytes of files the receiver already had in full.
@@ -429,5 +430,49 @@ mod tests {
         assert!(e.0.contains("more than 8 times"), "{e:?}");
         // Each block has its own count.
         assert!(p.on_nack(1, 1).is_ok());
+    }
+
+    /// What the planner holds follows the files in flight: announcing a file takes no room
+    /// per block, and a file skipped or committed is forgotten.
+    #[test]
+    fn finished_files_are_forgotten_and_announced_ones_hold_no_blocks() {
+        let mut p = SendPlanner::new(4 << 10);
+        let huge = 16u64 << 40;
+        let entries: Vec<Entry> = (0..1000).map(|i| entry(i, huge)).collect();
+        p.announce(&entries, true);
+        assert!(p.files.values().all(|f| f.digests.capacity() == 0));
+        for i in 0..1000 {
+            let plan = FilePlan {
+                file: i,
+                action: PlanAction::Skip,
+            };
+            p.on_plan(&plan).unwrap();
+        }
+        assert!(p.files.is_empty() && p.finished());
+        assert_eq!(p.skipped_bytes(), 1000 * huge);
+        assert!(
+            p.on_plan(&send(7, vec![])).is_err(),
+            "a file already skipped"
+        );
+
+        let mut p = SendPlanner::new(4);
+        p.announce(&[entry(1, 10)], true);
+        p.on_plan(&send(1, vec![])).unwrap();
+        p.on_hashed(1, 2, Digest([2; 32])).unwrap();
+        p.on_hashed(1, 0, Digest([0; 32])).unwrap();
+        assert!(
+            p.on_hashed(1, 3, Digest([3; 32])).is_err(),
+            "past the file's blocks"
+        );
+        assert_eq!(
+            p.on_hashed(1, 1, Digest([1; 32])).unwrap().len(),
+            1,
+            "sealed"
+        );
+        p.on_done(1).unwrap();
+        assert!(p.files.is_empty() && p.finished());
+        assert!(p.on_nack(1, 0).is_err() && p.on_done(1).is_err());
+        let late = p.on_hashed(1, 1, Digest([1; 32])).unwrap();
+        assert!(late.is_empty(), "a block hashed after its file finished");
     }
 }
