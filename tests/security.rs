@@ -739,6 +739,52 @@ async fn a_block_for_a_file_never_announced_ends_a_pull() {
     assert!(e.to_string().contains("block for unknown file 9"), "{e}");
 }
 
+/// A token holder that asks to pull a file, takes its manifest and then says nothing (no
+/// plan) held the serving session, and the slot it took, for good. The session ends after
+/// the server's idle time, telling the client why, and the slot serves another copy.
+#[tokio::test]
+async fn a_pull_whose_client_goes_silent_ends_after_the_idle_time() {
+    use hsxfer::channels::control::{BenchDirection, Message, Operation, Request};
+    let root = tempfile::tempdir().unwrap();
+    random_file(&root.path().join("f"), 1 << 20, 5);
+    let limits = hsxfer::ServerLimits {
+        sessions_per_address: 1,
+        idle: Duration::from_secs(2),
+        ..hsxfer::ServerLimits::default()
+    };
+    let addr = server_with(root.path(), Auth::NoAuth, FaultInjection::default(), limits).await;
+    let pull = Request {
+        op: Operation::Pull {
+            sources: vec!["f".into()],
+            recursive: false,
+            unplanned_files: 0,
+        },
+        ..bench_request(BenchDirection::Download, 1.0)
+    };
+    let (mut silent, _data) = accepted(addr, pull).await;
+    let started = std::time::Instant::now();
+    let why = loop {
+        match answer(&mut silent.r).await {
+            Message::Abort { message } => break message,
+            Message::Manifest { .. } | Message::Telemetry(_) => {}
+            other => panic!("{other:?}"),
+        }
+    };
+    assert!(
+        why.contains("took no block bytes for the idle time"),
+        "{why}"
+    );
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    let home = tempfile::tempdir().unwrap();
+    let dest = home.path().join("f");
+    let r = client(addr, 1)
+        .pull(&["f".into()], false, dest.to_str().unwrap(), &live(1))
+        .await
+        .expect("the slot is free again");
+    assert!(r.verified);
+    assert_eq!(sha256(&dest), sha256(&root.path().join("f")));
+}
+
 /// A server that tells its pulling client to open 1,000 data channels from 60,000 (which
 /// the client once dialed, each a connection and a TLS handshake) ends the pull instead.
 #[tokio::test]

@@ -39,6 +39,9 @@ pub struct ServerLimits {
     pub handshake_timeout: Duration,
     /// How long an authenticated control connection may take to send its request.
     pub request_timeout: Duration,
+    /// How long a session's peer may be silent once its request is in
+    /// ([`super::idle::SESSION_IDLE`]).
+    pub idle: Duration,
     /// Bytes of blocks being received, across sessions
     /// ([`super::block_memory::BlockMemory`]).
     pub block_memory: usize,
@@ -75,6 +78,7 @@ impl Default for ServerLimits {
             channels_per_address,
             handshake_timeout: super::handshake::HANDSHAKE_TIMEOUT,
             request_timeout: Duration::from_secs(60),
+            idle: super::idle::SESSION_IDLE,
             block_memory: super::block_memory::DEFAULT_SERVER_BLOCK_MEMORY,
         }
     }

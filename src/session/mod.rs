@@ -14,6 +14,7 @@ mod faults;
 pub mod fswork;
 pub mod growth;
 pub mod handshake;
+pub mod idle;
 pub mod mptcp_paths;
 pub mod probe;
 pub mod receiver;

@@ -17,6 +17,7 @@ use super::budget::FileBudget;
 use super::engine::{channel_ended, conclude, stopped, StopWatch};
 use super::fswork::FileWork;
 use super::growth::{admit_channels, recv_or_pending, Arrivals, Growth};
+use super::idle::{keepalive, IdleWatch, RECEIVER_IDLE};
 use super::report::{LiveStats, SideOutcome};
 use super::stream_order::{hold_limit, OrderedSink};
 use super::wire::{read_header, read_payload, ControlReader, ControlWriter};
@@ -89,6 +90,9 @@ pub struct ReceiveEngine<R, W> {
     pub growth: Option<Growth>,
     /// A server's stop: the session ends, telling the peer why (`None` for a client).
     pub stop: Option<StopWatch>,
+    /// How long the peer may be silent ([`super::idle::SESSION_IDLE`] unless a server sets
+    /// another).
+    pub idle: Duration,
     /// Test fault: kill this process just before this step of a commit.
     pub crash_at: Option<CommitStep>,
     /// Test fault: every block write takes this much longer.
@@ -203,7 +207,11 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         // The wait lives across turns of the loop, so it keeps its place in the budget's queue.
         let mut waiting: VecDeque<(Vec<Entry>, u64)> = VecDeque::new();
         let mut slots_wait: Option<SlotsWait> = None;
-        let mut idle = IdleWatch::new(tokio::time::Instant::now(), self.live.total());
+        let now = tokio::time::Instant::now();
+        let mut idle = IdleWatch::new(now, self.live.total(), self.idle, RECEIVER_IDLE);
+        let every = keepalive(self.idle);
+        let mut keepalive = tokio::time::interval_at(now + every, every);
+        keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         while !completion.finished() {
             if commits.is_empty() && !verified.is_empty() {
                 let group = std::mem::take(&mut verified);
@@ -339,6 +347,10 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                 Some(r) = tasks.join_next() => {
                     channel_ended(r)?;
                     return Err(Error::PeerVanished);
+                }
+                // Waiting on itself, it tells the sender, whose own watch would end the session.
+                _ = keepalive.tick(), if slots_wait.is_some() || !commits.is_empty() => {
+                    self.ctrl_w.send(&Message::Plan { files: Vec::new() }).await?;
                 }
                 _ = tokio::time::sleep_until(idle.check_at()) => {
                     // Waiting for our own budget or commits is not the peer's silence.
@@ -625,54 +637,6 @@ fn prepare_chunk(
     Ok(out)
 }
 
-/// A receiving session whose peer sends nothing for this long (no byte of a block, no
-/// control message), while the session waits for nothing of its own, ends: it holds slots of
-/// the server's budget of open files, which other sessions may be waiting for. A peer that
-/// sent its request and a manifest, then went silent, held them for good. Ten minutes leave
-/// room for a sender whose source is slow to give its first bytes (a file being staged).
-pub const SESSION_IDLE: Duration = Duration::from_secs(600);
-
-/// Watches a receiving session for a silent peer ([`SESSION_IDLE`]).
-#[derive(Debug)]
-struct IdleWatch {
-    /// When the peer was last heard from (or this end last worked or waited on itself).
-    heard: tokio::time::Instant,
-    /// Block bytes that had arrived then.
-    bytes: u64,
-}
-
-impl IdleWatch {
-    fn new(now: tokio::time::Instant, bytes: u64) -> Self {
-        IdleWatch { heard: now, bytes }
-    }
-
-    /// The peer was heard from (a control message, a channel's verdict), or this end
-    /// finished work of its own.
-    fn heard(&mut self, now: tokio::time::Instant) {
-        self.heard = now;
-    }
-
-    /// When to look again.
-    fn check_at(&self) -> tokio::time::Instant {
-        self.heard + SESSION_IDLE
-    }
-
-    /// Looks at the block bytes that arrived by `now`: an error once the peer has been
-    /// silent for [`SESSION_IDLE`] while nothing here was `busy`.
-    fn check(&mut self, now: tokio::time::Instant, bytes: u64, busy: bool) -> Result<()> {
-        if bytes != self.bytes || busy {
-            self.bytes = bytes;
-            self.heard = now;
-        }
-        if now.duration_since(self.heard) >= SESSION_IDLE {
-            return Err(Error::Timeout(
-                "the peer sent nothing for 10 minutes (run the same command again to resume)",
-            ));
-        }
-        Ok(())
-    }
-}
-
 /// How long a session that ends waits for file jobs to let go of its unfinished files.
 const RELEASE_WAIT: Duration = Duration::from_secs(10);
 
@@ -895,24 +859,6 @@ async fn write_target(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_peer_silent_for_ten_minutes_ends_the_session_unless_it_waits_on_itself() {
-        let t0 = tokio::time::Instant::now();
-        let at = |s: u64| t0 + Duration::from_secs(s);
-        let mut w = IdleWatch::new(t0, 0);
-        assert_eq!(w.check_at(), at(600));
-        // Block bytes kept coming: not idle.
-        w.check(at(600), 4096, false).unwrap();
-        assert_eq!(w.check_at(), at(1200));
-        // A control message is the peer too.
-        w.heard(at(900));
-        assert_eq!(w.check_at(), at(1500));
-        // Waiting for this server's own budget or commits is not the peer's silence.
-        w.check(at(1500), 4096, true).unwrap();
-        let e = w.check(at(2100), 4096, false).unwrap_err();
-        assert!(e.to_string().contains("nothing for 10 minutes"), "{e}");
-    }
 
     /// A directory listed over and over is kept once, as last listed, and deeper
     /// directories are finished before the ones that hold them.

@@ -15,6 +15,7 @@ use super::engine::{channel_ended, conclude, stopped, StopWatch};
 use super::faults::FaultInjection;
 use super::fswork::FileWork;
 use super::growth::{ask_for_channels, recv_or_pending, Arrivals, Growth};
+use super::idle::{IdleWatch, SENDER_IDLE};
 use super::report::{LiveStats, SideOutcome};
 use super::source::{read_file_block, BlockReader, SendSource, WriteRate};
 use super::wire::{write_block, ControlReader, ControlWriter, Damage, Digesting};
@@ -63,6 +64,9 @@ pub struct SendEngine<R, W> {
     pub growth: Option<Growth>,
     /// A server's stop: the session ends, telling the peer why (`None` for a client).
     pub stop: Option<StopWatch>,
+    /// How long the peer may be silent ([`super::idle::SESSION_IDLE`] unless a server sets
+    /// another).
+    pub idle: Duration,
     /// The manifest announced before the engine started (a client sends its first pieces
     /// with its request); `None` to start from nothing.
     pub announced: Option<Announced>,
@@ -167,6 +171,16 @@ struct Crew {
 }
 
 impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
+    /// How far the receiver has come taking blocks: bytes of whole blocks written, and bytes
+    /// its kernel acknowledged (which move during a large block on a slow path, and stop when
+    /// it reads nothing and its window closes).
+    fn progress(&self) -> u64 {
+        let acked: u64 = (self.live.telemetry.latest().iter().flatten())
+            .map(|s| s.tcp.bytes_acked)
+            .sum();
+        self.live.total() + acked
+    }
+
     fn channel(&self, crew: &Crew, index: usize, stream: Stream) -> ChannelSender {
         ChannelSender {
             index,
@@ -243,6 +257,8 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
         let time_up = self.source.time_up_at().map(tokio::time::Instant::from_std);
         // The receiver's word that its files and directories are all in place.
         let mut receiver_finished = false;
+        let now = tokio::time::Instant::now();
+        let mut idle = IdleWatch::new(now, self.progress(), self.idle, SENDER_IDLE);
         loop {
             for piece in announced.take_ready(&mut self.source, &self.live) {
                 self.ctrl_w.send(&piece).await?;
@@ -256,7 +272,9 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
             }
             tokio::select! {
                 msg = self.ctrl_r.expect() => match msg? {
+                    // An empty plan is a receiver waiting on itself (`idle::keepalive`).
                     Message::Plan { files } => {
+                        idle.heard(tokio::time::Instant::now());
                         for p in files {
                             let had = planner.skipped_bytes() + planner.resumed_bytes();
                             let (todo, seal) = planner.on_plan(&p)?;
@@ -277,6 +295,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                         self.ctrl_w.flush().await?;
                     }
                     Message::Nack { file, block } => {
+                        idle.heard(tokio::time::Instant::now());
                         out.blocks_resent += 1;
                         let had = planner.resumed_bytes();
                         let again = planner.on_nack(file, block)?;
@@ -285,6 +304,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                         let _ = jobs.send(again).await;
                     }
                     Message::FileDone { file } => {
+                        idle.heard(tokio::time::Instant::now());
                         planner.on_done(file)?;
                         done += 1;
                         self.live.file_done();
@@ -331,6 +351,9 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                     let batch = self.live.telemetry.take_batch(false);
                     self.ctrl_w.send(&Message::Telemetry(batch)).await?;
                 }
+                _ = tokio::time::sleep_until(idle.check_at()) => {
+                    idle.check(tokio::time::Instant::now(), self.progress(), false)?;
+                }
                 _ = sleep_until_some(time_up) => {
                     self.end_at_time(crew, tasks).await?;
                     out.files = done;
@@ -353,6 +376,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
     async fn end_at_time(&mut self, crew: &Crew, tasks: &mut JoinSet<Result<()>>) -> Result<()> {
         while crew.jobs.try_recv().is_ok() {}
         self.ctrl_w.send(&Message::TimeUp).await?;
+        let deadline = tokio::time::Instant::now() + self.idle;
         let received = loop {
             tokio::select! {
                 msg = self.ctrl_r.expect() => match msg? {
@@ -364,6 +388,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                 // The receiver closes its channels when it stops reading: they may end first.
                 Some(_) = tasks.join_next() => {}
                 e = stopped(&mut self.stop) => return Err(e),
+                _ = tokio::time::sleep_until(deadline) => return Err(Error::Timeout(SENDER_IDLE)),
             }
         };
         tasks.shutdown().await;

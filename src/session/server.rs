@@ -647,6 +647,7 @@ async fn control(
                 block_memory: state.block_memory.clone(),
                 unplanned_files: 0,
                 stop: Some(state.stop.subscribe()),
+                idle: state.admission.limits().idle,
             }
             .run()
             .await
@@ -672,6 +673,7 @@ async fn control(
                 forward_telemetry: Some(Duration::from_millis(req.tuning.interval_ms as u64)),
                 growth: Some(growth(reserve, tx, rx, setup, side.requests)),
                 stop: Some(state.stop.subscribe()),
+                idle: state.admission.limits().idle,
                 announced: Some(Announced::new(block_size).unplanned(unplanned_files(&req.op))),
             }
             .run()

@@ -6,6 +6,7 @@ use std::time::Duration;
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use super::idle::SESSION_IDLE;
 use crate::channels::auth::SessionKey;
 use crate::channels::control::{FrameSeal, Message, Way};
 use crate::channels::frame::{BlockCheck, BlockHeader, DigestKey, HEADER_LEN, PIECE, TRAILER_LEN};
@@ -17,6 +18,12 @@ use crate::transport::tls::{ReadPart, Stream, WritePart};
 /// How long an end that aborted a session before any data moved waits for the peer to close
 /// the control connection.
 const ABORT_LINGER: Duration = Duration::from_secs(5);
+
+/// What a control connection's writer says when its peer read nothing of it for
+/// [`SESSION_IDLE`].
+const CONTROL_UNREAD: &str =
+    "sending on the control connection: the peer read nothing of it for 10 minutes (run the \
+     same command again to resume)";
 
 /// How long a client waits for the server's answer to a question before the data moves: as
 /// long as a server waits for the client's request.
@@ -173,14 +180,20 @@ impl<W: AsyncWrite + Unpin> ControlWriter<W> {
         self.queued.extend_from_slice(&self.seal.seal(m));
     }
 
-    /// Sends what [`Self::queue`] left waiting.
+    /// Sends what [`Self::queue`] left waiting, within [`SESSION_IDLE`]: a peer that reads
+    /// nothing of its control connection would otherwise hold this end in the write for good.
     pub async fn flush(&mut self) -> Result<()> {
-        if !self.queued.is_empty() {
-            self.inner.write_all(&self.queued).await.map_err(closed)?;
-            self.queued.clear();
-        }
-        // Inside TLS the last record waits in the session until flushed.
-        self.inner.flush().await.map_err(closed)
+        let write = async {
+            if !self.queued.is_empty() {
+                self.inner.write_all(&self.queued).await.map_err(closed)?;
+                self.queued.clear();
+            }
+            // Inside TLS the last record waits in the session until flushed.
+            self.inner.flush().await.map_err(closed)
+        };
+        tokio::time::timeout(SESSION_IDLE, write)
+            .await
+            .map_err(|_| Error::Timeout(CONTROL_UNREAD))?
     }
 
     /// Sends an abort notice, ignoring failures (the peer may already be gone).
@@ -191,7 +204,7 @@ impl<W: AsyncWrite + Unpin> ControlWriter<W> {
             None => message,
         };
         let m = Message::Abort { message };
-        let _ = self.send(&m).await;
+        let _ = tokio::time::timeout(ABORT_LINGER, self.send(&m)).await;
     }
 }
 

@@ -12,6 +12,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::growth::{Arrivals, Connector, Growth, Joiner, Setup};
 use super::handshake;
+use super::idle::SESSION_IDLE;
 use super::mptcp_paths::PathManager;
 use super::receiver::{ReceiveEngine, Sink};
 use super::report::{LiveStats, SideOutcome, TransferReport, TuningReport};
@@ -280,6 +281,7 @@ impl Client {
             forward_telemetry: None,
             growth: Some(growth),
             stop: None,
+            idle: SESSION_IDLE,
             announced,
         }
         .run();
@@ -325,6 +327,7 @@ impl Client {
             block_memory: super::block_memory::BlockMemory::unbounded(),
             unplanned_files,
             stop: None,
+            idle: SESSION_IDLE,
         }
         .run();
         let out = on_runtime(out).await?;
