@@ -15,6 +15,7 @@ pub mod fswork;
 pub mod growth;
 pub mod handshake;
 pub mod idle;
+mod jobs;
 pub mod mptcp_paths;
 pub mod probe;
 pub mod receiver;

@@ -19,7 +19,7 @@ use super::fswork::FileWork;
 use super::growth::{admit_channels, recv_or_pending, Arrivals, Growth};
 use super::idle::{keepalive, IdleWatch, RECEIVER_IDLE};
 use super::report::{LiveStats, SideOutcome};
-use super::stream_order::{hold_limit, OrderedSink};
+use super::stream_order::{hard_limit, hold_limit, OrderedSink};
 use super::wire::{read_header, read_payload, ControlReader, ControlWriter};
 use crate::channels::blocks;
 use crate::channels::checks::check_telemetry;
@@ -752,7 +752,7 @@ impl ChannelReceiver {
             });
             if let Some(s) = stream {
                 let limit = hold_limit(self.block_size, self.live.channel_count());
-                s.turn(h.offset, limit).await;
+                s.turn(h.offset, limit, hard_limit(limit)).await?;
             }
             let mut buf = self.memory.take(h.len).await;
             let (live, index) = (&self.live, self.index);

@@ -16,6 +16,7 @@ use super::faults::FaultInjection;
 use super::fswork::FileWork;
 use super::growth::{ask_for_channels, recv_or_pending, Arrivals, Growth};
 use super::idle::{IdleWatch, SENDER_IDLE};
+use super::jobs::{job_queue, JobReceiver, JobSender};
 use super::report::{LiveStats, SideOutcome};
 use super::source::{read_file_block, BlockReader, SendSource, WriteRate};
 use super::wire::{write_block, ControlReader, ControlWriter, Damage, Digesting};
@@ -157,7 +158,7 @@ impl Announced {
 /// What every channel task of a session shares: where blocks come from and where their
 /// digests go.
 struct Crew {
-    jobs: async_channel::Receiver<Job>,
+    jobs: JobReceiver,
     hashed: mpsc::UnboundedSender<Hashed>,
     sent_blocks: Arc<AtomicU64>,
     work: FileWork,
@@ -203,7 +204,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
 
     /// Runs the session to completion; on failure tells the peer why before returning.
     pub async fn run(mut self) -> Result<SideOutcome> {
-        let (jobs_tx, jobs_rx) = async_channel::unbounded();
+        let (jobs_tx, jobs_rx) = job_queue();
         let (hashed_tx, hashed_rx) = mpsc::unbounded_channel();
         let (ended_tx, ended_rx) = watch::channel(false);
         let crew = Crew {
@@ -240,7 +241,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
 
     async fn drive(
         &mut self,
-        jobs: &async_channel::Sender<Job>,
+        jobs: &JobSender,
         mut hashed: mpsc::UnboundedReceiver<Hashed>,
         crew: &Crew,
         tasks: &mut JoinSet<Result<()>>,
@@ -264,7 +265,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                 self.ctrl_w.send(&piece).await?;
             }
             for j in announced.take_unplanned_jobs() {
-                let _ = jobs.send(j).await;
+                jobs.send(j);
             }
             let planner = &mut announced.planner;
             if receiver_finished {
@@ -286,7 +287,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                                 self.live.file_done();
                             }
                             for j in todo {
-                                let _ = jobs.send(j).await;
+                                jobs.send(j);
                             }
                             for s in seal {
                                 self.ctrl_w.queue(&s);
@@ -301,7 +302,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                         let again = planner.on_nack(file, block)?;
                         // A held block asked for again is carried after all.
                         self.live.expect_more(had - planner.resumed_bytes());
-                        let _ = jobs.send(again).await;
+                        jobs.send_again(again);
                     }
                     Message::FileDone { file } => {
                         idle.heard(tokio::time::Instant::now());
@@ -374,7 +375,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
     /// once the receiver has stopped reading, the channels close with whatever their
     /// sockets still hold. The counters take what the receiver read, not what was written.
     async fn end_at_time(&mut self, crew: &Crew, tasks: &mut JoinSet<Result<()>>) -> Result<()> {
-        while crew.jobs.try_recv().is_ok() {}
+        crew.jobs.clear();
         self.ctrl_w.send(&Message::TimeUp).await?;
         let deadline = tokio::time::Instant::now() + self.idle;
         let received = loop {
@@ -412,7 +413,7 @@ struct ChannelSender {
     began_s: f64,
     gate: Option<watch::Receiver<u16>>,
     stream: Stream,
-    jobs: async_channel::Receiver<Job>,
+    jobs: JobReceiver,
     reader: BlockReader,
     work: FileWork,
     hashed: mpsc::UnboundedSender<Hashed>,
@@ -464,7 +465,7 @@ impl ChannelSender {
         let mut started = false;
         loop {
             self.wait_for_turn().await;
-            let Ok(job) = self.jobs.recv().await else {
+            let Some(job) = self.jobs.next().await else {
                 break;
             };
             if let (0, Some(d)) = (self.index, self.faults.slow_first_channel) {

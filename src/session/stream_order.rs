@@ -6,7 +6,9 @@
 //! Waiting never stops the block that is next. A sender's channel takes its blocks in file
 //! order, so the channel carrying the next block holds no block behind it that would wait.
 //! Only a block asked for again (damaged on the way) comes back behind later ones: while one
-//! is outstanding, nothing waits.
+//! is outstanding, nothing waits, up to [`hard_limit`]. A sender sends such a block before
+//! any other it has not started, so past that it is not going to: the pull ends instead of
+//! holding the rest of the file in memory.
 
 use std::collections::BTreeSet;
 use std::io;
@@ -14,6 +16,7 @@ use std::sync::Mutex;
 
 use tokio::sync::Notify;
 
+use crate::channels::Violation;
 use crate::fsio::partial::StreamSink;
 
 /// The least a stream destination may hold ahead of its turn: a few blocks of a transfer with
@@ -25,6 +28,13 @@ pub const MIN_HOLD: u64 = 64 << 20;
 /// a smooth transfer never waits; at least [`MIN_HOLD`].
 pub fn hold_limit(block_size: u32, channels: usize) -> u64 {
     (2 * channels as u64 * u64::from(block_size)).max(MIN_HOLD)
+}
+
+/// Bytes held ahead of their turn past which a block asked for again is not waited for any
+/// longer: four times `limit` (the blocks in flight on every channel when it was asked for,
+/// and their sockets' buffers), and at least 1 GiB.
+pub fn hard_limit(limit: u64) -> u64 {
+    limit.saturating_mul(4).max(1 << 30)
 }
 
 /// A stream destination and the order its blocks are received in.
@@ -55,8 +65,9 @@ impl OrderedSink {
 
     /// Returns once the block at `offset` may be received: at once when it is next, or while
     /// the blocks held ahead of their turn take less than `limit` bytes, or while a block
-    /// asked for again is outstanding.
-    pub async fn turn(&self, offset: u64, limit: u64) {
+    /// asked for again is outstanding and they take less than `hard` ([`hard_limit`]). Past
+    /// that the sender is not sending it again: an error.
+    pub async fn turn(&self, offset: u64, limit: u64, hard: u64) -> Result<(), Violation> {
         loop {
             let moved = self.moved.notified();
             tokio::pin!(moved);
@@ -64,8 +75,18 @@ impl OrderedSink {
             // Looked at once registered, so that a move in between is not missed.
             {
                 let o = self.order.lock().expect("stream order lock");
-                if offset <= o.next || o.held < limit || !o.asked_again.is_empty() {
-                    return;
+                if offset <= o.next || o.held < limit {
+                    return Ok(());
+                }
+                if let Some(again) = o.asked_again.first() {
+                    if o.held < hard {
+                        return Ok(());
+                    }
+                    return Err(Violation(format!(
+                        "the sender did not send the damaged block at byte {again} again, though \
+                         {} MiB came after it",
+                        o.held >> 20
+                    )));
                 }
             }
             moved.await;
@@ -124,7 +145,7 @@ mod tests {
     }
 
     async fn waits(sink: &OrderedSink, offset: u64, limit: u64) -> bool {
-        tokio::time::timeout(Duration::from_millis(50), sink.turn(offset, limit))
+        tokio::time::timeout(Duration::from_millis(50), sink.turn(offset, limit, 1 << 30))
             .await
             .is_err()
     }
@@ -140,13 +161,14 @@ mod tests {
         assert!(!waits(&sink, 0, 4).await, "the next block never waits");
         // The next block lets the one waiting go.
         let s = sink.clone();
-        let waiting = tokio::spawn(async move { s.turn(8, 4).await });
+        let waiting = tokio::spawn(async move { s.turn(8, 4, 1 << 30).await });
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!waiting.is_finished());
         sink.write_block(0, b"abcd").unwrap();
         tokio::time::timeout(Duration::from_secs(5), waiting)
             .await
             .expect("woken once the held block was written")
+            .unwrap()
             .unwrap();
         sink.write_block(8, b"ij").unwrap();
         drop(sink);
@@ -161,6 +183,9 @@ mod tests {
         // Block 0 was damaged: its second copy may come behind block 8 on one channel.
         sink.asked_again(0);
         assert!(!waits(&sink, 8, 4).await);
+        // Not without end: past the hard limit it is not coming.
+        let e = sink.turn(8, 4, 4).await.unwrap_err();
+        assert!(e.0.contains("damaged block at byte 0"), "{e}");
         sink.write_block(0, b"abcd").unwrap();
         sink.write_block(12, b"mn").unwrap();
         assert!(
