@@ -848,7 +848,7 @@ async fn a_servers_telemetry_may_not_rewrite_the_terminal_or_name_absurd_channel
     };
     for (s, needle) in [
         (setup(0, "\x1b[2K\rok"), "not a valid name"),
-        (setup(65_535, "cubic"), "channel 65535"),
+        (setup(65_535, "cubic"), "row 65535"),
     ] {
         let batch = TelemetryBatch {
             setups: vec![s],

@@ -186,9 +186,9 @@ pub fn is_printable(text: &str) -> bool {
     !text.chars().any(char::is_control)
 }
 
-/// Checks a batch of telemetry from the sending server: channel indices below
-/// [`MAX_CHANNELS`] (the client keeps a row per index), congestion control names, and the
-/// tuner's words printable.
+/// Checks a batch of telemetry from the sending server: row indices below
+/// [`MAX_TELEMETRY_ROWS`] (the client keeps a row per index), congestion control names, and
+/// the tuner's words printable.
 pub fn check_telemetry(b: &TelemetryBatch) -> Result<(), Violation> {
     let channels = b.setups.iter().map(|s| s.index);
     let sampled = b.latest.iter().chain(&b.trace).map(|s| s.channel);
@@ -197,10 +197,10 @@ pub fn check_telemetry(b: &TelemetryBatch) -> Result<(), Violation> {
         .chain(sampled)
         .map(usize::from)
         .chain(lost)
-        .find(|&i| i >= MAX_CHANNELS as usize)
+        .find(|&i| i >= MAX_TELEMETRY_ROWS as usize)
     {
         return Err(Violation(format!(
-            "telemetry for channel {i}, past the protocol's {MAX_CHANNELS}"
+            "telemetry for row {i}, past the protocol's {MAX_TELEMETRY_ROWS}"
         )));
     }
     if let Some(s) = b.setups.iter().find(|s| !is_cc_name(&s.cc)) {
@@ -390,12 +390,12 @@ mod tests {
             }),
             ..TelemetryBatch::default()
         };
-        let fine = batch(vec![setup(127, "hsx_dmctcp")], vec![], "paced at 1 Gbit/s");
+        let fine = batch(vec![setup(1023, "hsx_dmctcp")], vec![], "paced at 1 Gbit/s");
         assert_eq!(check_telemetry(&fine), Ok(()));
         let loss = |flow| vec![LossEvent { flow, at: 1.0 }];
         for (b, needle) in [
-            (batch(vec![setup(128, "cubic")], vec![], ""), "channel 128"),
-            (batch(vec![], loss(65_535), ""), "channel 65535"),
+            (batch(vec![setup(1024, "cubic")], vec![], ""), "row 1024"),
+            (batch(vec![], loss(65_535), ""), "row 65535"),
             (
                 batch(vec![setup(0, "\x1b]0;x\x07")], vec![], ""),
                 "not a valid name",

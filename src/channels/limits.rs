@@ -6,6 +6,11 @@ use std::time::Duration;
 /// Largest channel count accepted (a sanity bound, like iperf3's 128).
 pub const MAX_CHANNELS: u16 = 128;
 
+/// Most rows of telemetry a transfer reports: one per channel, and one per MPTCP subflow
+/// that ever joined a channel (each keeps its row once closed). A client keeps what a
+/// server reports per row, so it takes no more.
+pub const MAX_TELEMETRY_ROWS: u16 = 1024;
+
 /// Smallest block size accepted.
 pub const MIN_BLOCK: u32 = 4 << 10;
 

@@ -41,9 +41,10 @@ fn job(file: u32, size: u64, block_size: u32, block: u64, send: bool) -> Job {
 }
 
 /// A file announced and not yet finished (committed or skipped): finished files are
-/// forgotten, so what the planner holds grows with the blocks hashed of the files in flight,
-/// not with the tree. A tree of large files pulled in 4 KiB blocks and skipped once held
-/// 33 bytes for every block of every file until the session ended.
+/// forgotten but for their ids (4 bytes each), so what the planner holds grows with the
+/// blocks hashed of the files in flight, not with the blocks of the tree. A tree of large
+/// files pulled in 4 KiB blocks and skipped once held 33 bytes for every block of every file
+/// until the session ended.
 #[derive(Debug)]
 struct SendFile {
     size: u64,
@@ -66,6 +67,8 @@ struct SendFile {
 pub struct SendPlanner {
     block_size: u32,
     files: HashMap<u32, SendFile>,
+    /// Ids of files announced and finished: a block of one hashed late is no error.
+    finished: HashSet<u32>,
     manifest_complete: bool,
     skipped_bytes: u64,
     resumed_bytes: u64,
@@ -77,6 +80,7 @@ impl SendPlanner {
         SendPlanner {
             block_size,
             files: HashMap::new(),
+            finished: HashSet::new(),
             manifest_complete: false,
             skipped_bytes: 0,
             resumed_bytes: 0,
@@ -115,6 +119,7 @@ impl SendPlanner {
     /// Forgets a file the receiver committed or skipped.
     fn finish(&mut self, id: u32) {
         self.files.remove(&id);
+        self.finished.insert(id);
     }
 
     /// Applies the receiver's plan for one file: returns the jobs to queue and, for a file
@@ -165,7 +170,12 @@ impl SendPlanner {
         // A job queued before its file finished (a block asked for again, whose other copy
         // arrived intact meanwhile): nothing is owed for it any more.
         let Some(f) = self.files.get_mut(&file) else {
-            return Ok(Vec::new());
+            return match self.finished.contains(&file) {
+                true => Ok(Vec::new()),
+                false => Err(Violation(format!(
+                    "block hashed for unknown file id {file}"
+                ))),
+            };
         };
         if block >= f.blocks {
             return Err(Violation(format!("block {block} out of range")));
@@ -474,5 +484,9 @@ mod tests {
         assert!(p.on_nack(1, 0).is_err() && p.on_done(1).is_err());
         let late = p.on_hashed(1, 1, Digest([1; 32])).unwrap();
         assert!(late.is_empty(), "a block hashed after its file finished");
+        assert!(
+            p.on_hashed(2, 0, Digest([1; 32])).is_err(),
+            "never announced"
+        );
     }
 }

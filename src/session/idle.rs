@@ -17,10 +17,11 @@ use crate::error::{Error, Result};
 /// A server may set another ([`crate::ServerLimits::idle`]).
 pub const SESSION_IDLE: Duration = Duration::from_secs(600);
 
-/// How often a receiver that waits on itself tells its sender it is still there: four
-/// times in the sender's idle time.
+/// How often a receiver that waits on itself tells its sender it is still there, when its
+/// own idle time is `idle`: four times in the shorter of that and the default (a client's
+/// sender watches for the default, a server's for its own).
 pub fn keepalive(idle: Duration) -> Duration {
-    idle / 4
+    idle.min(SESSION_IDLE) / 4
 }
 
 /// What a receiver says when its peer went silent.
@@ -68,7 +69,8 @@ impl IdleWatch {
     }
 
     /// Looks at the peer's progress by `now`: an error once the peer has been silent for
-    /// the limit while nothing here was `busy`.
+    /// the limit while nothing here was `busy`. Progress is looked at only here, so a silence
+    /// is noticed between one and two limits after it began.
     pub fn check(&mut self, now: Instant, progress: u64, busy: bool) -> Result<()> {
         if progress != self.progress || busy {
             self.progress = progress;

@@ -367,7 +367,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
             Sink::Files(dest) => dest.scope().clone(),
             Sink::Discard => Scope::Local,
         };
-        finish_dirs(scope, dirs).await?;
+        self.keeping_alive(finish_dirs(scope, dirs)).await??;
         self.ctrl_w.send(&Message::Finished).await?;
         out.verified = true;
         Ok(out)
@@ -424,6 +424,20 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         Ok(())
     }
 
+    /// Awaits `work` of this end's own, telling the sender every [`keepalive`] period that
+    /// it is still there (an empty plan), so that its idle watch waits too.
+    async fn keeping_alive<T>(&mut self, work: impl std::future::Future<Output = T>) -> Result<T> {
+        tokio::pin!(work);
+        let every = keepalive(self.idle);
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        loop {
+            tokio::select! {
+                done = &mut work => return Ok(done),
+                _ = tick.tick() => self.ctrl_w.send(&Message::Plan { files: Vec::new() }).await?,
+            }
+        }
+    }
+
     /// Plans at once the files of `entries`, which the sender sends without waiting for
     /// their plans: each must be new here (nothing to skip or resume, as the client found
     /// before asking). Wakes the channels holding blocks for them; returns how many files
@@ -444,7 +458,9 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         if entries.is_empty() {
             return Ok(0);
         }
-        let slots = slots_for(self.budget.clone(), files.len() as u32).await;
+        let slots = self
+            .keeping_alive(slots_for(self.budget.clone(), files.len() as u32))
+            .await?;
         let plans = self.plan(shared, work, entries, dirs, out, slots).await?;
         for (plan, path) in plans.iter().zip(&files) {
             if plan.action != (PlanAction::Send { have: Vec::new() }) {
@@ -470,11 +486,11 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         mut slots: Option<OwnedSemaphorePermit>,
     ) -> Result<Vec<FilePlan>> {
         let (sink, bs, key) = (self.sink.clone(), self.block_size, self.digest_key);
-        let prepared = work
-            .run("planning the files", move || {
-                prepare_chunk(&sink, entries, bs, &key)
-            })
-            .await??;
+        // Resumed files' kept blocks are hashed again here: minutes for a large one.
+        let prepared = work.run("planning the files", move || {
+            prepare_chunk(&sink, entries, bs, &key)
+        });
+        let prepared = self.keeping_alive(prepared).await???;
         let mut plans = Vec::new();
         let mut s = lock(shared);
         for (entry, target, prep) in prepared {

@@ -330,8 +330,11 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                     tasks.spawn(self.channel(crew, i as usize, stream).run());
                 }
                 h = hashed.recv() => match h {
-                    // The digests already waiting go with it: their seals leave together.
+                    // The digests already waiting go with it: their seals leave together. Blocks
+                    // hashed are this end's own work (kept blocks of a resume are only hashed):
+                    // not a silence.
                     Some(h) => {
+                        idle.heard(tokio::time::Instant::now());
                         let mut next = Some(h);
                         while let Some(h) = next {
                             for seal in planner.on_hashed(h.file, h.block, h.digest)? {

@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 
 use super::telemetry::Telemetry;
+use crate::channels::limits::MAX_TELEMETRY_ROWS;
 use crate::channels::telemetry::{ChannelSetup, TcpSample};
 use crate::transport::mptcp::{self, Subflow};
 use crate::transport::sock_diag::Diag;
@@ -125,6 +126,10 @@ impl Rows {
                                 Some(Some(_)) => self.held.len().max(channels),
                                 _ => r.channel,
                             };
+                            // Past the rows a transfer reports, a new subflow goes unreported.
+                            if i >= MAX_TELEMETRY_ROWS as usize {
+                                continue;
+                            }
                             let setups = setups.get_or_insert_with(|| telemetry.setups());
                             // The connection's settings are recorded when it opens.
                             let Some(Some(base)) = setups.get(r.channel) else {
@@ -403,5 +408,31 @@ mod placement {
         assert_eq!(t.setups()[2].as_ref().unwrap().pace_bps, Some(400));
         assert_eq!(rows.rows_of(0), vec![0, 1, 2]);
         assert_eq!(rows.rows_of(3), vec![3]);
+    }
+
+    /// A long MPTCP transfer whose subflows come and go reports at most the rows the
+    /// protocol allows, so a client takes its telemetry.
+    #[test]
+    fn subflows_past_the_rows_a_transfer_reports_go_unreported() {
+        let t = Telemetry::new(1);
+        t.set_setup(ChannelSetup {
+            index: 0,
+            cc: "cubic".into(),
+            send_buffer_requested: None,
+            send_buffer: 0,
+            recv_buffer: 0,
+            pace_bps: None,
+            stagger_s: 0.0,
+            started_s: Some(0.1),
+            local: None,
+            remote: None,
+        });
+        let mut rows = Rows::default();
+        for port in 0..MAX_TELEMETRY_ROWS + 100 {
+            rows.place(vec![subflow(port, 100)], 1, &t, 0.2);
+        }
+        assert_eq!(t.setups().len(), MAX_TELEMETRY_ROWS as usize);
+        let batch = t.take_batch(false);
+        assert_eq!(crate::channels::checks::check_telemetry(&batch), Ok(()));
     }
 }

@@ -122,7 +122,7 @@ impl<R: AsyncRead + Unpin> ControlReader<R> {
     }
 
     /// [`Self::expect`] within [`ANSWER_TIMEOUT`]: the answer to a question (a ping, a facts
-    /// question, a request), which a server that went silent would leave waiting for good.
+    /// question), which a server that went silent would leave waiting for good.
     pub async fn answer(&mut self, waiting_for: &'static str) -> Result<Message> {
         tokio::time::timeout(ANSWER_TIMEOUT, self.expect())
             .await

@@ -130,10 +130,9 @@ impl Client {
         ahead.iter().for_each(|m| ctrl_w.queue(m));
         ctrl_w.flush().await?;
         // Should the server refuse the request, dropping `joins` aborts the channels.
-        let answer = ctrl_r
-            .answer("waiting for the server to accept the request")
-            .await?;
-        match opening.on_message(answer, Instant::now())? {
+        // Not timed: the server lists a pull's sources before it accepts, which has no
+        // bound (millions of files on a slow file system).
+        match opening.on_message(ctrl_r.expect().await?, Instant::now())? {
             Answer::Accepted { notes, .. } => report.notes.extend(notes),
             other => unreachable!("a request is answered by its acceptance, not {other:?}"),
         }
