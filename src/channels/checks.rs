@@ -222,7 +222,7 @@ pub fn check_telemetry(b: &TelemetryBatch) -> Result<(), Violation> {
 const MAX_FACTS_CCS: usize = 64;
 
 /// Checks a server's facts about itself: its version printable and short, and at most
-/// [`MAX_FACTS_CCS`] valid congestion control names in each list.
+/// 64 valid congestion control names in each list.
 pub fn check_facts(f: &HostFacts) -> Result<(), Violation> {
     if f.version.len() > 64 || !is_printable(&f.version) {
         return Err(Violation(format!(
