@@ -41,8 +41,8 @@ fn job(file: u32, size: u64, block_size: u32, block: u64, send: bool) -> Job {
 }
 
 /// A file announced and not yet finished (committed or skipped): finished files are
-/// forgotten but for their ids (4 bytes each), so what the planner holds grows with the
-/// blocks hashed of the files in flight, not with the blocks of the tree. A tree of large
+/// forgotten, so what the planner holds grows with the blocks hashed of the files in flight,
+/// not with the blocks of the tree. A tree of large
 /// files pulled in 4 KiB blocks and skipped once held 33 bytes for every block of every file
 /// until the session ended.
 #[derive(Debug)]
@@ -67,8 +67,9 @@ struct SendFile {
 pub struct SendPlanner {
     block_size: u32,
     files: HashMap<u32, SendFile>,
-    /// Ids of files announced and finished: a block of one hashed late is no error.
-    finished: HashSet<u32>,
+    /// One past the highest file id announced: a block of a file below it that is no longer
+    /// tracked was hashed late, after its file finished, and is no error.
+    ids_below: u32,
     manifest_complete: bool,
     skipped_bytes: u64,
     resumed_bytes: u64,
@@ -80,7 +81,7 @@ impl SendPlanner {
         SendPlanner {
             block_size,
             files: HashMap::new(),
-            finished: HashSet::new(),
+            ids_below: 0,
             manifest_complete: false,
             skipped_bytes: 0,
             resumed_bytes: 0,
@@ -92,6 +93,7 @@ impl SendPlanner {
         for e in entries {
             if let EntryKind::File { size } = e.kind {
                 let n = blocks::count(size, self.block_size);
+                self.ids_below = self.ids_below.max(e.id.saturating_add(1));
                 self.files.insert(
                     e.id,
                     SendFile {
@@ -119,7 +121,6 @@ impl SendPlanner {
     /// Forgets a file the receiver committed or skipped.
     fn finish(&mut self, id: u32) {
         self.files.remove(&id);
-        self.finished.insert(id);
     }
 
     /// Applies the receiver's plan for one file: returns the jobs to queue and, for a file
@@ -170,7 +171,7 @@ impl SendPlanner {
         // A job queued before its file finished (a block asked for again, whose other copy
         // arrived intact meanwhile): nothing is owed for it any more.
         let Some(f) = self.files.get_mut(&file) else {
-            return match self.finished.contains(&file) {
+            return match file < self.ids_below {
                 true => Ok(Vec::new()),
                 false => Err(Violation(format!(
                     "block hashed for unknown file id {file}"

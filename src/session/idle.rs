@@ -13,16 +13,15 @@ use crate::error::{Error, Result};
 /// arriving (to a receiver) or being taken (from a sender), while this end waits for
 /// nothing of its own. Ten minutes leave room for a sender whose source is slow to give its
 /// first bytes (a file being staged). A receiver waiting on itself (its budget of open files,
-/// its commits) says so with an empty plan every [`keepalive`], so that its sender waits too.
-/// A server may set another ([`crate::ServerLimits::idle`]).
+/// its commits, its planning) says so with an empty plan once nothing went to the sender for
+/// [`KEEPALIVE`], so that its sender waits too. A server may set another idle time
+/// ([`crate::ServerLimits::idle`]), well above [`KEEPALIVE`].
 pub const SESSION_IDLE: Duration = Duration::from_secs(600);
 
-/// How often a receiver that waits on itself tells its sender it is still there, when its
-/// own idle time is `idle`: four times in the shorter of that and the default (a client's
-/// sender watches for the default, a server's for its own).
-pub fn keepalive(idle: Duration) -> Duration {
-    idle.min(SESSION_IDLE) / 4
-}
+/// How long a receiver that waits on itself lets go without a word to the sender: short
+/// beside any idle time a server would set, whichever end sends (an empty plan is a few
+/// dozen bytes).
+pub const KEEPALIVE: Duration = Duration::from_secs(30);
 
 /// What a receiver says when its peer went silent.
 pub const RECEIVER_IDLE: &str = "the peer sent nothing for the idle time (10 minutes by \

@@ -17,7 +17,7 @@ use super::budget::FileBudget;
 use super::engine::{channel_ended, conclude, stopped, StopWatch};
 use super::fswork::FileWork;
 use super::growth::{admit_channels, recv_or_pending, Arrivals, Growth};
-use super::idle::{keepalive, IdleWatch, RECEIVER_IDLE};
+use super::idle::{IdleWatch, KEEPALIVE, RECEIVER_IDLE};
 use super::report::{LiveStats, SideOutcome};
 use super::stream_order::{hard_limit, hold_limit, OrderedSink};
 use super::wire::{read_header, read_payload, ControlReader, ControlWriter};
@@ -209,9 +209,6 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         let mut slots_wait: Option<SlotsWait> = None;
         let now = tokio::time::Instant::now();
         let mut idle = IdleWatch::new(now, self.live.total(), self.idle, RECEIVER_IDLE);
-        let every = keepalive(self.idle);
-        let mut keepalive = tokio::time::interval_at(now + every, every);
-        keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         while !completion.finished() {
             if commits.is_empty() && !verified.is_empty() {
                 let group = std::mem::take(&mut verified);
@@ -349,7 +346,9 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                     return Err(Error::PeerVanished);
                 }
                 // Waiting on itself, it tells the sender, whose own watch would end the session.
-                _ = keepalive.tick(), if slots_wait.is_some() || !commits.is_empty() => {
+                _ = tokio::time::sleep_until(self.ctrl_w.written_at() + KEEPALIVE),
+                    if slots_wait.is_some() || !commits.is_empty() =>
+                {
                     self.ctrl_w.send(&Message::Plan { files: Vec::new() }).await?;
                 }
                 _ = tokio::time::sleep_until(idle.check_at()) => {
@@ -424,16 +423,18 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         Ok(())
     }
 
-    /// Awaits `work` of this end's own, telling the sender every [`keepalive`] period that
-    /// it is still there (an empty plan), so that its idle watch waits too.
+    /// Awaits `work` of this end's own, telling the sender that it is still there (an
+    /// empty plan) whenever nothing went to it for [`KEEPALIVE`], so that its idle watch
+    /// waits too.
     async fn keeping_alive<T>(&mut self, work: impl std::future::Future<Output = T>) -> Result<T> {
         tokio::pin!(work);
-        let every = keepalive(self.idle);
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         loop {
+            let due = self.ctrl_w.written_at() + KEEPALIVE;
             tokio::select! {
                 done = &mut work => return Ok(done),
-                _ = tick.tick() => self.ctrl_w.send(&Message::Plan { files: Vec::new() }).await?,
+                _ = tokio::time::sleep_until(due) => {
+                    self.ctrl_w.send(&Message::Plan { files: Vec::new() }).await?
+                }
             }
         }
     }

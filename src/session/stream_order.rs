@@ -31,10 +31,12 @@ pub fn hold_limit(block_size: u32, channels: usize) -> u64 {
 }
 
 /// Bytes held ahead of their turn past which a block asked for again is not waited for any
-/// longer: four times `limit` (the blocks in flight on every channel when it was asked for,
-/// and their sockets' buffers), and at least 1 GiB.
+/// longer: sixteen times `limit`, and at least 4 GiB. The block asked for again comes behind
+/// what its channel had in flight (its sockets' buffers, a timeout's backoff) while the other
+/// channels go on delivering: gigabytes on a fast long path. The bound is for a sender that
+/// never sends it.
 pub fn hard_limit(limit: u64) -> u64 {
-    limit.saturating_mul(4).max(1 << 30)
+    limit.saturating_mul(16).max(4 << 30)
 }
 
 /// A stream destination and the order its blocks are received in.

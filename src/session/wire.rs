@@ -147,6 +147,8 @@ pub struct ControlWriter<W> {
     seal: FrameSeal,
     /// Frames queued and not yet written.
     queued: Vec<u8>,
+    /// When a flush last wrote everything queued.
+    written_at: tokio::time::Instant,
 }
 
 impl<W: AsyncWrite + Unpin> ControlWriter<W> {
@@ -157,7 +159,13 @@ impl<W: AsyncWrite + Unpin> ControlWriter<W> {
             hide: None,
             seal,
             queued: Vec::new(),
+            written_at: tokio::time::Instant::now(),
         }
+    }
+
+    /// When everything queued was last written (or this writer was made).
+    pub fn written_at(&self) -> tokio::time::Instant {
+        self.written_at
     }
 
     /// Names paths in abort messages relative to `scope`'s root: a server tells a client
@@ -193,7 +201,9 @@ impl<W: AsyncWrite + Unpin> ControlWriter<W> {
         };
         tokio::time::timeout(SESSION_IDLE, write)
             .await
-            .map_err(|_| Error::Timeout(CONTROL_UNREAD))?
+            .map_err(|_| Error::Timeout(CONTROL_UNREAD))??;
+        self.written_at = tokio::time::Instant::now();
+        Ok(())
     }
 
     /// Sends an abort notice, ignoring failures (the peer may already be gone).

@@ -130,9 +130,12 @@ impl Client {
         ahead.iter().for_each(|m| ctrl_w.queue(m));
         ctrl_w.flush().await?;
         // Should the server refuse the request, dropping `joins` aborts the channels.
-        // Not timed: the server lists a pull's sources before it accepts, which has no
-        // bound (millions of files on a slow file system).
-        match opening.on_message(ctrl_r.expect().await?, Instant::now())? {
+        // The server lists a pull's sources before it accepts: millions of files on a slow
+        // file system take long, so the wait is long too.
+        let accepted = tokio::time::timeout(ACCEPT_TIMEOUT, ctrl_r.expect())
+            .await
+            .map_err(|_| Error::Timeout("waiting an hour for the server to accept the request"))?;
+        match opening.on_message(accepted?, Instant::now())? {
             Answer::Accepted { notes, .. } => report.notes.extend(notes),
             other => unreachable!("a request is answered by its acceptance, not {other:?}"),
         }
@@ -278,6 +281,9 @@ pub(super) async fn ping_rtt(
     opening.on_message(pong, Instant::now())?;
     Ok(opening.best_rtt().expect("the ping was answered"))
 }
+
+/// How long a client waits for the server to accept its request.
+const ACCEPT_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// How long a channel dialed early may wait for the session before it joins: the server
 /// closes a connection that has not joined within its handshake timeout (10 s by default).
