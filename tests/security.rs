@@ -714,11 +714,9 @@ async fn hostile_server_doing(
     addr
 }
 
-/// A pull into an empty destination lets the server send its first files' blocks before
-/// their plans; once the manifest is over, a block for a file it never announced ends the
-/// session instead of parking its data channel for good.
-#[tokio::test]
-async fn a_block_for_a_file_never_announced_ends_a_pull() {
+/// A pull of one 4-byte file `data` from a [`hostile_server_doing`] `trick`: the error it
+/// ends with, within 20 s.
+async fn pull_one_file_from(trick: Trick) -> Error {
     use hsxfer::channels::manifest::{Entry, EntryKind};
     let home = tempfile::tempdir().unwrap();
     let dest = home.path().join("dest");
@@ -729,13 +727,21 @@ async fn a_block_for_a_file_never_announced_ends_a_pull() {
         mtime_ns: 0,
         kind: EntryKind::File { size: 4 },
     }];
-    let addr = hostile_server_doing(entries, Trick::StrayBlock(9)).await;
+    let addr = hostile_server_doing(entries, trick).await;
     let (c, sources, counters) = (client(addr, 1), ["data".to_string()], live(1));
     let pull = c.pull(&sources, false, dest.to_str().unwrap(), &counters);
-    let e = tokio::time::timeout(Duration::from_secs(20), pull)
+    tokio::time::timeout(Duration::from_secs(20), pull)
         .await
-        .expect("refused, not left waiting for a plan that never comes")
-        .expect_err("a block for file 9");
+        .expect("refused, not left waiting")
+        .expect_err("the server's trick is refused")
+}
+
+/// A pull into an empty destination lets the server send its first files' blocks before
+/// their plans; once the manifest is over, a block for a file it never announced ends the
+/// session instead of parking its data channel for good.
+#[tokio::test]
+async fn a_block_for_a_file_never_announced_ends_a_pull() {
+    let e = pull_one_file_from(Trick::StrayBlock(9)).await;
     assert!(e.to_string().contains("block for unknown file 9"), "{e}");
 }
 
@@ -790,30 +796,11 @@ async fn a_pull_whose_client_goes_silent_ends_after_the_idle_time() {
 #[tokio::test]
 async fn a_server_may_not_make_its_client_open_channels_out_of_turn() {
     use hsxfer::channels::control::Message;
-    use hsxfer::channels::manifest::{Entry, EntryKind};
-    let home = tempfile::tempdir().unwrap();
-    let dest = home.path().join("dest");
-    let entries = vec![Entry {
-        id: 0,
-        path: "data".into(),
-        mode: 0o600,
-        mtime_ns: 0,
-        kind: EntryKind::File { size: 4 },
-    }];
     for (first, count) in [(60_000, 1000), (1, u16::MAX), (1, 200)] {
         let tell = Trick::Tell(Box::new(Message::OpenChannels { first, count }));
-        let addr = hostile_server_doing(entries.clone(), tell).await;
-        let (c, sources, counters) = (client(addr, 1), ["data".to_string()], live(1));
-        let pull = c.pull(&sources, false, dest.to_str().unwrap(), &counters);
-        let e = tokio::time::timeout(Duration::from_secs(20), pull)
-            .await
-            .expect("refused, not left dialing")
-            .expect_err("channels out of turn");
-        assert!(
-            e.to_string()
-                .contains(&format!("open {count} data channels from {first}")),
-            "{e}"
-        );
+        let e = pull_one_file_from(tell).await;
+        let said = format!("open {count} data channels from {first}");
+        assert!(e.to_string().contains(&said), "{e}");
     }
 }
 
@@ -823,17 +810,7 @@ async fn a_server_may_not_make_its_client_open_channels_out_of_turn() {
 #[tokio::test]
 async fn a_servers_telemetry_may_not_rewrite_the_terminal_or_name_absurd_channels() {
     use hsxfer::channels::control::Message;
-    use hsxfer::channels::manifest::{Entry, EntryKind};
     use hsxfer::channels::telemetry::{ChannelSetup, TelemetryBatch};
-    let home = tempfile::tempdir().unwrap();
-    let dest = home.path().join("dest");
-    let entries = vec![Entry {
-        id: 0,
-        path: "data".into(),
-        mode: 0o600,
-        mtime_ns: 0,
-        kind: EntryKind::File { size: 4 },
-    }];
     let setup = |index, cc: &str| ChannelSetup {
         index,
         cc: cc.into(),
@@ -854,14 +831,7 @@ async fn a_servers_telemetry_may_not_rewrite_the_terminal_or_name_absurd_channel
             setups: vec![s],
             ..TelemetryBatch::default()
         };
-        let tell = Trick::Tell(Box::new(Message::Telemetry(batch)));
-        let addr = hostile_server_doing(entries.clone(), tell).await;
-        let (c, sources, counters) = (client(addr, 1), ["data".to_string()], live(1));
-        let pull = c.pull(&sources, false, dest.to_str().unwrap(), &counters);
-        let e = tokio::time::timeout(Duration::from_secs(20), pull)
-            .await
-            .expect("refused at once")
-            .expect_err("telemetry refused");
+        let e = pull_one_file_from(Trick::Tell(Box::new(Message::Telemetry(batch)))).await;
         assert!(e.to_string().contains(needle), "{e}");
     }
 }

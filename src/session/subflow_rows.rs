@@ -369,12 +369,8 @@ mod placement {
         }
     }
 
-    fn remote(t: &Telemetry, row: usize) -> u16 {
-        t.setups()[row].as_ref().unwrap().remote.unwrap().port()
-    }
-
-    #[test]
-    fn a_subflow_keeps_its_row_and_a_closing_connection_keeps_its_caps() {
+    /// Telemetry of one channel running cubic, started at 0.1 s.
+    fn one_channel_telemetry() -> Telemetry {
         let t = Telemetry::new(1);
         t.set_setup(ChannelSetup {
             index: 0,
@@ -388,6 +384,16 @@ mod placement {
             local: None,
             remote: None,
         });
+        t
+    }
+
+    fn remote(t: &Telemetry, row: usize) -> u16 {
+        t.setups()[row].as_ref().unwrap().remote.unwrap().port()
+    }
+
+    #[test]
+    fn a_subflow_keeps_its_row_and_a_closing_connection_keeps_its_caps() {
+        let t = one_channel_telemetry();
         let mut rows = Rows::default();
         let placed = rows.place(vec![subflow(7000, 100)], 1, &t, 0.2);
         assert_eq!(placed.len(), 1);
@@ -414,19 +420,7 @@ mod placement {
     /// protocol allows, so a client takes its telemetry.
     #[test]
     fn subflows_past_the_rows_a_transfer_reports_go_unreported() {
-        let t = Telemetry::new(1);
-        t.set_setup(ChannelSetup {
-            index: 0,
-            cc: "cubic".into(),
-            send_buffer_requested: None,
-            send_buffer: 0,
-            recv_buffer: 0,
-            pace_bps: None,
-            stagger_s: 0.0,
-            started_s: Some(0.1),
-            local: None,
-            remote: None,
-        });
+        let t = one_channel_telemetry();
         let mut rows = Rows::default();
         for port in 0..MAX_TELEMETRY_ROWS + 100 {
             rows.place(vec![subflow(port, 100)], 1, &t, 0.2);
