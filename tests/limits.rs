@@ -27,9 +27,7 @@ fn stalled_client_hello() -> Vec<u8> {
 async fn hold(port: u16, stop: Arc<AtomicBool>, busy: Arc<AtomicU64>) {
     let hello = stalled_client_hello();
     while !stop.load(Ordering::Relaxed) {
-        let sock = TcpSocket::new_v4().unwrap();
-        sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
-        let Ok(mut s) = sock.connect(([127, 0, 0, 1], port).into()).await else {
+        let Ok(mut s) = connect_from([127, 0, 0, 2], port).await else {
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         };
@@ -97,11 +95,17 @@ async fn a_flood_of_unauthenticated_connections_does_not_stop_a_real_copy() {
     assert!(turned_away >= 1100 - 256, "{turned_away}");
 }
 
-/// A TLS connection to the server at `port` from the loopback address `from`.
-async fn open_from(from: [u8; 4], port: u16) -> hsxfer::transport::tls::Stream {
+/// A TCP connection to the server at `port` on 127.0.0.1 from the loopback address `from`;
+/// only the connect itself may fail.
+async fn connect_from(from: [u8; 4], port: u16) -> std::io::Result<TcpStream> {
     let sock = TcpSocket::new_v4().unwrap();
     sock.bind((from, 0).into()).unwrap();
-    let tcp = sock.connect(([127, 0, 0, 1], port).into()).await.unwrap();
+    sock.connect(([127, 0, 0, 1], port).into()).await
+}
+
+/// A TLS connection to the server at `port` from the loopback address `from`.
+async fn open_from(from: [u8; 4], port: u16) -> hsxfer::transport::tls::Stream {
+    let tcp = connect_from(from, port).await.unwrap();
     hsxfer::session::handshake::Opener::Tls(hsxfer::transport::tls::ClientTls::new(None))
         .open(tcp, "test")
         .await

@@ -814,14 +814,7 @@ async fn a_servers_telemetry_may_not_rewrite_the_terminal_or_name_absurd_channel
     let setup = |index, cc: &str| ChannelSetup {
         index,
         cc: cc.into(),
-        send_buffer_requested: None,
-        send_buffer: 0,
-        recv_buffer: 0,
-        pace_bps: None,
-        stagger_s: 0.0,
-        started_s: None,
-        local: None,
-        remote: None,
+        ..ChannelSetup::default()
     };
     for (s, needle) in [
         (setup(0, "\x1b[2K\rok"), "not a valid name"),

@@ -369,14 +369,7 @@ mod tests {
         let setup = |index, cc: &str| ChannelSetup {
             index,
             cc: cc.into(),
-            send_buffer_requested: None,
-            send_buffer: 0,
-            recv_buffer: 0,
-            pace_bps: None,
-            stagger_s: 0.0,
-            started_s: None,
-            local: None,
-            remote: None,
+            ..ChannelSetup::default()
         };
         let batch = |setups, losses, what: &str| TelemetryBatch {
             setups,

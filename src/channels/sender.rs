@@ -42,9 +42,8 @@ fn job(file: u32, size: u64, block_size: u32, block: u64, send: bool) -> Job {
 
 /// A file announced and not yet finished (committed or skipped): finished files are
 /// forgotten, so what the planner holds grows with the blocks hashed of the files in flight,
-/// not with the blocks of the tree. A tree of large
-/// files pulled in 4 KiB blocks and skipped once held 33 bytes for every block of every file
-/// until the session ended.
+/// not with the blocks of the tree. A tree of large files pulled in 4 KiB blocks and
+/// skipped once held 33 bytes for every block of every file until the session ended.
 #[derive(Debug)]
 struct SendFile {
     size: u64,

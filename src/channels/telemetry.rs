@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::metrics::LossEvent;
 
 /// The settings in force on one sending channel, as read back from the kernel.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChannelSetup {
     /// Channel index.
     pub index: u16,

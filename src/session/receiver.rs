@@ -222,6 +222,10 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
             if let (None, Some((_, files))) = (&slots_wait, waiting.front()) {
                 slots_wait = Some(Box::pin(slots_for(self.budget.clone(), *files as u32)));
             }
+            let (busy_here, keepalive_due) = (
+                slots_wait.is_some() || !commits.is_empty(),
+                self.keepalive_due(),
+            );
             tokio::select! {
                 // Messages already read go with it, and the verdicts already made: the files
                 // they complete commit as one group.
@@ -346,14 +350,11 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                     return Err(Error::PeerVanished);
                 }
                 // Waiting on itself, it tells the sender, whose own watch would end the session.
-                _ = tokio::time::sleep_until(self.ctrl_w.written_at() + KEEPALIVE),
-                    if slots_wait.is_some() || !commits.is_empty() =>
-                {
-                    self.ctrl_w.send(&Message::Plan { files: Vec::new() }).await?;
+                _ = tokio::time::sleep_until(keepalive_due), if busy_here => {
+                    self.keep_alive().await?;
                 }
                 _ = tokio::time::sleep_until(idle.check_at()) => {
                     // Waiting for our own budget or commits is not the peer's silence.
-                    let busy_here = slots_wait.is_some() || !commits.is_empty();
                     idle.check(tokio::time::Instant::now(), self.live.total(), busy_here)?;
                 }
             }
@@ -423,18 +424,26 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         Ok(())
     }
 
-    /// Awaits `work` of this end's own, telling the sender that it is still there (an
-    /// empty plan) whenever nothing went to it for [`KEEPALIVE`], so that its idle watch
+    /// When the sender is next owed a word, should this end still be waiting on itself:
+    /// [`KEEPALIVE`] after anything last went to it.
+    fn keepalive_due(&self) -> tokio::time::Instant {
+        self.ctrl_w.written_at() + KEEPALIVE
+    }
+
+    /// Tells the sender this end is still there (an empty plan), so that its idle watch
     /// waits too.
+    async fn keep_alive(&mut self) -> Result<()> {
+        self.ctrl_w.send(&Message::Plan { files: Vec::new() }).await
+    }
+
+    /// Awaits `work` of this end's own, telling the sender that it is still there whenever
+    /// it is due.
     async fn keeping_alive<T>(&mut self, work: impl std::future::Future<Output = T>) -> Result<T> {
         tokio::pin!(work);
         loop {
-            let due = self.ctrl_w.written_at() + KEEPALIVE;
             tokio::select! {
                 done = &mut work => return Ok(done),
-                _ = tokio::time::sleep_until(due) => {
-                    self.ctrl_w.send(&Message::Plan { files: Vec::new() }).await?
-                }
+                _ = tokio::time::sleep_until(self.keepalive_due()) => self.keep_alive().await?,
             }
         }
     }

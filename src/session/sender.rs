@@ -272,52 +272,53 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                 break;
             }
             tokio::select! {
-                msg = self.ctrl_r.expect() => match msg? {
-                    // An empty plan is a receiver waiting on itself (`idle::keepalive`).
-                    Message::Plan { files } => {
-                        idle.heard(tokio::time::Instant::now());
-                        for p in files {
-                            let had = planner.skipped_bytes() + planner.resumed_bytes();
-                            let (todo, seal) = planner.on_plan(&p)?;
-                            // Announced in full; what the receiver has is not carried.
-                            self.live.expect_less(
-                                planner.skipped_bytes() + planner.resumed_bytes() - had,
-                            );
-                            if p.action == PlanAction::Skip {
-                                self.live.file_done();
+                msg = self.ctrl_r.expect() => {
+                    // Any word from the receiver; an empty plan is one waiting on itself
+                    // (`idle::KEEPALIVE`).
+                    idle.heard(tokio::time::Instant::now());
+                    match msg? {
+                        Message::Plan { files } => {
+                            for p in files {
+                                let had = planner.skipped_bytes() + planner.resumed_bytes();
+                                let (todo, seal) = planner.on_plan(&p)?;
+                                // Announced in full; what the receiver has is not carried.
+                                self.live.expect_less(
+                                    planner.skipped_bytes() + planner.resumed_bytes() - had,
+                                );
+                                if p.action == PlanAction::Skip {
+                                    self.live.file_done();
+                                }
+                                for j in todo {
+                                    jobs.send(j);
+                                }
+                                for s in seal {
+                                    self.ctrl_w.queue(&s);
+                                }
                             }
-                            for j in todo {
-                                jobs.send(j);
-                            }
-                            for s in seal {
-                                self.ctrl_w.queue(&s);
-                            }
+                            self.ctrl_w.flush().await?;
                         }
-                        self.ctrl_w.flush().await?;
+                        Message::Nack { file, block } => {
+                            out.blocks_resent += 1;
+                            let had = planner.resumed_bytes();
+                            let again = planner.on_nack(file, block)?;
+                            // A held block asked for again is carried after all.
+                            self.live.expect_more(had - planner.resumed_bytes());
+                            jobs.send_again(again);
+                        }
+                        Message::FileDone { file } => {
+                            planner.on_done(file)?;
+                            done += 1;
+                            self.live.file_done();
+                        }
+                        Message::Finished if planner.finished() => receiver_finished = true,
+                        Message::OpenChannels { first, count } => match &self.growth {
+                            Some(g) => g.connect(first, count)?,
+                            None => return Err(Violation("unasked OpenChannels".into()).into()),
+                        },
+                        Message::Abort { message } => return Err(Error::PeerAborted(message)),
+                        other => return Err(Violation(format!("unexpected {other:?}")).into()),
                     }
-                    Message::Nack { file, block } => {
-                        idle.heard(tokio::time::Instant::now());
-                        out.blocks_resent += 1;
-                        let had = planner.resumed_bytes();
-                        let again = planner.on_nack(file, block)?;
-                        // A held block asked for again is carried after all.
-                        self.live.expect_more(had - planner.resumed_bytes());
-                        jobs.send_again(again);
-                    }
-                    Message::FileDone { file } => {
-                        idle.heard(tokio::time::Instant::now());
-                        planner.on_done(file)?;
-                        done += 1;
-                        self.live.file_done();
-                    }
-                    Message::Finished if planner.finished() => receiver_finished = true,
-                    Message::OpenChannels { first, count } => match &self.growth {
-                        Some(g) => g.connect(first, count)?,
-                        None => return Err(Violation("unasked OpenChannels".into()).into()),
-                    },
-                    Message::Abort { message } => return Err(Error::PeerAborted(message)),
-                    other => return Err(Violation(format!("unexpected {other:?}")).into()),
-                },
+                }
                 Some(count) = recv_or_pending(&mut arrivals.requests) => {
                     if let Some(open) = ask_for_channels(self.growth.as_ref(), count) {
                         self.ctrl_w.send(&open).await?;

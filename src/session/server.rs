@@ -155,6 +155,8 @@ struct Slots {
 }
 
 impl Drop for Slots {
+    /// The session's entry goes out under the lock and is dropped after it: its channels'
+    /// tickets take the admission's lock.
     fn drop(&mut self) {
         let gone = self
             .state
@@ -479,47 +481,39 @@ async fn connection(
             out
         }
         Heard::Join { session, channel } => {
-            let tx = {
+            let joined = {
                 let mut pending = state.pending.lock().expect("sessions lock");
                 let p = pending.get_mut(&session);
                 let free = p
                     .as_ref()
                     .is_some_and(|p| p.joined.get(channel as usize) == Some(&false));
                 // Counted before it is admitted: past the cap it is turned away instead.
-                let ticket = match free {
-                    true => state.admission.channel(peer.ip()).map(Some),
-                    false => Ok(None),
-                };
-                match ticket {
+                match free.then(|| state.admission.channel(peer.ip())).transpose() {
                     Err(busy) => {
                         m.turn_away(busy);
-                        Err(busy)
+                        Err(Error::Busy {
+                            peer: peer.to_string(),
+                            busy,
+                        })
                     }
                     Ok(ticket) => {
                         let admitted = m.admit_join(p.as_ref().map(|p| &p.key), free);
-                        Ok(match (p, ticket) {
+                        match (p, ticket) {
                             (Some(p), Some(ticket)) if admitted => {
                                 p.joined[channel as usize] = true;
                                 p.tickets.push(ticket);
-                                Some(p.tx.clone())
+                                Ok(p.tx.clone())
                             }
-                            _ => None,
-                        })
+                            _ => Err(Error::Refused(format!("bad join for channel {channel}"))),
+                        }
                     }
                 }
             };
-            let tx = match tx {
-                Ok(Some(tx)) => tx,
-                Ok(None) => {
+            let tx = match joined {
+                Ok(tx) => tx,
+                Err(e) => {
                     handshake::close_with(s, &mut m).await;
-                    return Err(Error::Refused(format!("bad join for channel {channel}")));
-                }
-                Err(busy) => {
-                    handshake::close_with(s, &mut m).await;
-                    return Err(Error::Busy {
-                        peer: peer.to_string(),
-                        busy,
-                    });
+                    return Err(e);
                 }
             };
             handshake::answer(&mut s, &mut m).await?;

@@ -373,16 +373,9 @@ mod placement {
     fn one_channel_telemetry() -> Telemetry {
         let t = Telemetry::new(1);
         t.set_setup(ChannelSetup {
-            index: 0,
             cc: "cubic".into(),
-            send_buffer_requested: None,
-            send_buffer: 0,
-            recv_buffer: 0,
-            pace_bps: None,
-            stagger_s: 0.0,
             started_s: Some(0.1),
-            local: None,
-            remote: None,
+            ..ChannelSetup::default()
         });
         t
     }
