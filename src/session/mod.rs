@@ -4,6 +4,7 @@
 
 pub mod admission;
 pub mod block_memory;
+mod boxed;
 pub mod budget;
 pub mod builder;
 pub mod client;

@@ -15,12 +15,14 @@
 //! second half of each trial, after the ramp-up. A trial ends at its time: what its sockets
 //! still hold is dropped (`Message::TimeUp`), not delivered first.
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::boxed::boxed;
 use super::client::{BenchAmount, Client, PathRate, TransferOptions, Tune};
 use super::report::{LiveStats, TransferReport};
 use super::secure::Security;
@@ -291,7 +293,15 @@ fn budget_for(given: Option<Duration>, rtt: Duration) -> Result<Duration> {
 }
 
 /// Measures the path to `host` and ranks configurations on it.
-pub async fn probe(
+pub fn probe<'a>(
+    host: &'a str,
+    opts: &'a ProbeOptions,
+    progress: &'a (dyn Fn(&ProbeStep) + Send + Sync),
+) -> impl Future<Output = Result<ProbeReport>> + Send + 'a {
+    boxed(measure_and_rank(host, opts, progress))
+}
+
+async fn measure_and_rank(
     host: &str,
     opts: &ProbeOptions,
     progress: &(dyn Fn(&ProbeStep) + Send + Sync),

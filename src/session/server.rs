@@ -3,6 +3,7 @@
 //! malformed or hostile connection ends only itself).
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -13,6 +14,7 @@ use tokio::sync::{mpsc, watch, Notify};
 
 use super::admission::{Admission, ServerLimits, Ticket};
 use super::block_memory::BlockMemory;
+use super::boxed::boxed;
 use super::budget::FileBudget;
 use super::engine::stopped;
 use super::faults::FaultInjection;
@@ -292,7 +294,11 @@ impl Server {
     }
 
     /// Accepts connections forever.
-    pub async fn run(self) -> Result<()> {
+    pub fn run(self) -> impl Future<Output = Result<()>> + Send {
+        boxed(self.serve())
+    }
+
+    async fn serve(self) -> Result<()> {
         loop {
             let (stream, peer) = match self.listener.accept().await {
                 Ok(x) => x,

@@ -3,6 +3,7 @@
 //! plan it makes from the path's RTT, and `open.rs` how it opens the session and its data
 //! channels.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -10,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use super::boxed::boxed;
 use super::growth::{Arrivals, Connector, Growth, Joiner, Setup};
 use super::handshake;
 use super::idle::SESSION_IDLE;
@@ -135,7 +137,11 @@ impl Client {
 
     /// What the server says about itself (buffer limits, congestion controls) and the path's
     /// RTT, asked on a control connection of its own that then closes.
-    pub async fn server_facts(&self) -> Result<(HostFacts, Duration)> {
+    pub fn server_facts(&self) -> impl Future<Output = Result<(HostFacts, Duration)>> + Send + '_ {
+        boxed(self.server_facts_here())
+    }
+
+    async fn server_facts_here(&self) -> Result<(HostFacts, Duration)> {
         let addrs = self.resolve().await?;
         let (addr, opened) = self.connect_control(&addrs).await?;
         let mut ctrl = opened.stream;
@@ -163,7 +169,17 @@ impl Client {
     }
 
     /// Sends local `sources` into `dest` (relative to the server root).
-    pub async fn push(
+    pub fn push<'a>(
+        &'a self,
+        sources: &'a [PathBuf],
+        recursive: bool,
+        dest: &'a str,
+        live: &'a Arc<LiveStats>,
+    ) -> impl Future<Output = Result<TransferReport>> + Send + 'a {
+        boxed(self.push_here(sources, recursive, dest, live))
+    }
+
+    async fn push_here(
         &self,
         sources: &[PathBuf],
         recursive: bool,
@@ -188,7 +204,17 @@ impl Client {
     }
 
     /// Fetches `sources` (relative to the server root) into local `dest`.
-    pub async fn pull(
+    pub fn pull<'a>(
+        &'a self,
+        sources: &'a [String],
+        recursive: bool,
+        dest: &'a str,
+        live: &'a Arc<LiveStats>,
+    ) -> impl Future<Output = Result<TransferReport>> + Send + 'a {
+        boxed(self.pull_here(sources, recursive, dest, live))
+    }
+
+    async fn pull_here(
         &self,
         sources: &[String],
         recursive: bool,
@@ -214,7 +240,16 @@ impl Client {
 
     /// Memory-to-memory transfer of generated data through the full protocol: `amount` of
     /// data in `direction`.
-    pub async fn bench(
+    pub fn bench<'a>(
+        &'a self,
+        direction: BenchDirection,
+        amount: BenchAmount,
+        live: &'a Arc<LiveStats>,
+    ) -> impl Future<Output = Result<TransferReport>> + Send + 'a {
+        boxed(self.bench_here(direction, amount, live))
+    }
+
+    async fn bench_here(
         &self,
         direction: BenchDirection,
         amount: BenchAmount,
