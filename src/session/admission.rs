@@ -2,12 +2,17 @@
 //! peer can exhaust its descriptors or memory (OpenSSH's `MaxStartups` is the model): a cap on
 //! connections still in their handshake, a cap on sessions, and a cap on the data channels
 //! joined to them. A connection past a cap is turned away at once with the cap it hit
-//! ([`Busy`]).
+//! ([`Busy`]), except that when the handshakes fill the server, the oldest one gives its
+//! place to the newcomer once it has taken [`MAKE_ROOM_AFTER`]: a peer that holds connections
+//! open without authenticating, from as many addresses as it takes to fill the total, then
+//! locks no client out.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
 
 use crate::channels::busy::{Busy, Cap};
 use crate::channels::limits::MAX_CHANNELS;
@@ -15,10 +20,12 @@ use crate::channels::limits::MAX_CHANNELS;
 /// What a server allows at once. The defaults fit a host with the usual 1,024 descriptors.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerLimits {
-    /// Connections not yet authenticated, in total.
+    /// Connections not yet authenticated, in total. When they are all taken, the oldest
+    /// gives its place to a newcomer once it has taken [`MAKE_ROOM_AFTER`].
     pub handshakes: u32,
-    /// Connections not yet authenticated, from one address. A client joins all its data
-    /// channels at once, so this stays above [`MAX_CHANNELS`].
+    /// Connections not yet authenticated, from one address (an IPv6 address's /64: one
+    /// host may hold a whole /64). A client joins all its data channels at once, so this
+    /// stays above [`MAX_CHANNELS`].
     pub handshakes_per_address: u32,
     /// Sessions, in total.
     pub sessions: u32,
@@ -107,11 +114,28 @@ impl ServerLimits {
     }
 }
 
+/// How long a handshake may wait before it gives its place to a newcomer when the handshakes
+/// fill the server: a client's takes two round trips (TLS, then the hello), under a second
+/// on a 250 ms path.
+pub const MAKE_ROOM_AFTER: Duration = Duration::from_secs(2);
+
 /// One kind of connection counted per address and in total.
 #[derive(Debug, Default)]
 struct Counts {
     total: u32,
     by_address: HashMap<IpAddr, u32>,
+    /// Handshakes only: those that may still make room, by order of arrival.
+    waiting: BTreeMap<u64, Waiting>,
+    arrivals: u64,
+    /// Handshakes told to make room whose tickets are not yet dropped.
+    ending: u32,
+}
+
+/// A handshake under way: since when, and the signal that ends it to make room.
+#[derive(Debug)]
+struct Waiting {
+    since: Instant,
+    end: Arc<Notify>,
 }
 
 /// The counters of one server; cheap to clone.
@@ -128,6 +152,19 @@ pub struct Admission {
 pub struct Ticket {
     counts: Arc<Mutex<Counts>>,
     peer: IpAddr,
+    /// A handshake's order of arrival and its signal to make room.
+    waiting: Option<(u64, Arc<Notify>)>,
+}
+
+impl Ticket {
+    /// Completes when this handshake is to give its place to a newcomer (never for a
+    /// session's or a channel's ticket): its connection is then closed.
+    pub async fn made_room(&self) {
+        match &self.waiting {
+            Some((_, end)) => end.notified().await,
+            None => std::future::pending().await,
+        }
+    }
 }
 
 impl Drop for Ticket {
@@ -140,16 +177,24 @@ impl Drop for Ticket {
                 c.by_address.remove(&self.peer);
             }
         }
+        if let Some((arrival, _)) = &self.waiting {
+            if c.waiting.remove(arrival).is_none() {
+                c.ending -= 1;
+            }
+        }
     }
 }
 
 /// Counts a connection of one kind (`cap`) from `peer` unless that would pass the `total` or
-/// the `per`-address cap.
+/// the `per`-address cap. A handshake (`handshake_at`: now) that would pass only the total
+/// is admitted if the oldest handshake has waited [`MAKE_ROOM_AFTER`]: that one is told to
+/// end, and counts apart until its ticket is dropped.
 fn enter(
     counts: &Arc<Mutex<Counts>>,
     peer: IpAddr,
     cap: Cap,
     (total, per): (u32, u32),
+    handshake_at: Option<Instant>,
 ) -> Result<Ticket, Busy> {
     let mut c = counts.lock().expect("admission lock");
     let busy = |per_address, limit| Busy {
@@ -157,19 +202,47 @@ fn enter(
         per_address,
         limit,
     };
-    if c.total >= total {
-        return Err(busy(false, total));
-    }
-    let n = c.by_address.entry(peer).or_default();
-    if *n >= per {
+    if c.by_address.get(&peer).copied().unwrap_or(0) >= per {
         return Err(busy(true, per));
     }
-    *n += 1;
+    if c.total - c.ending >= total {
+        let now = handshake_at.ok_or(busy(false, total))?;
+        let oldest = c.waiting.first_key_value().map(|(&k, w)| (k, w.since));
+        match oldest {
+            Some((arrival, since)) if now.saturating_duration_since(since) >= MAKE_ROOM_AFTER => {
+                let w = c.waiting.remove(&arrival).expect("the oldest");
+                w.end.notify_one();
+                c.ending += 1;
+            }
+            _ => return Err(busy(false, total)),
+        }
+    }
+    *c.by_address.entry(peer).or_default() += 1;
     c.total += 1;
+    let waiting = handshake_at.map(|since| {
+        let (arrival, end) = (c.arrivals, Arc::new(Notify::new()));
+        c.arrivals += 1;
+        let w = Waiting {
+            since,
+            end: end.clone(),
+        };
+        c.waiting.insert(arrival, w);
+        (arrival, end)
+    });
     Ok(Ticket {
         counts: counts.clone(),
         peer,
+        waiting,
     })
+}
+
+/// The address a handshake is counted under: an IPv6 address's /64 (an IPv4 one mapped into
+/// IPv6 as itself).
+fn handshake_key(peer: IpAddr) -> IpAddr {
+    match peer.to_canonical() {
+        IpAddr::V6(v6) => IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into()),
+        v4 => v4,
+    }
 }
 
 impl Admission {
@@ -188,11 +261,17 @@ impl Admission {
         &self.limits
     }
 
-    /// Counts a connection that has yet to authenticate.
+    /// Counts a connection that has yet to authenticate; [`Ticket::made_room`] tells it to
+    /// end when a newcomer takes its place.
     pub fn handshake(&self, peer: IpAddr) -> Result<Ticket, Busy> {
+        self.handshake_at(peer, Instant::now())
+    }
+
+    fn handshake_at(&self, peer: IpAddr, now: Instant) -> Result<Ticket, Busy> {
         let l = &self.limits;
         let caps = (l.handshakes, l.handshakes_per_address);
-        enter(&self.handshakes, peer, Cap::Handshakes, caps)
+        let key = handshake_key(peer);
+        enter(&self.handshakes, key, Cap::Handshakes, caps, Some(now))
     }
 
     /// Authenticated sessions now.
@@ -208,6 +287,7 @@ impl Admission {
             peer,
             Cap::Sessions,
             (l.sessions, l.sessions_per_address),
+            None,
         )
     }
 
@@ -219,6 +299,7 @@ impl Admission {
             peer,
             Cap::Channels,
             (l.channels, l.channels_per_address),
+            None,
         )
     }
 }
@@ -258,6 +339,71 @@ mod tests {
         // So are data channels.
         let _c = a.channel(x).unwrap();
         assert_eq!(a.channels.lock().unwrap().total, 1);
+    }
+
+    #[test]
+    fn a_full_server_ends_its_oldest_handshake_for_a_newcomer_once_it_waited_long_enough() {
+        let a = Admission::new(ServerLimits {
+            handshakes: 3,
+            handshakes_per_address: 2,
+            ..ServerLimits::default()
+        });
+        let (x, y, z): (IpAddr, IpAddr, IpAddr) = (
+            [10, 0, 0, 1].into(),
+            [10, 0, 0, 2].into(),
+            [10, 0, 0, 3].into(),
+        );
+        let t0 = Instant::now();
+        let x1 = a.handshake_at(x, t0).unwrap();
+        let _x2 = a.handshake_at(x, t0).unwrap();
+        let _y1 = a.handshake_at(y, t0 + Duration::from_secs(1)).unwrap();
+        let soon = t0 + MAKE_ROOM_AFTER - Duration::from_millis(1);
+        let full = Busy {
+            cap: Cap::Handshakes,
+            per_address: false,
+            limit: 3,
+        };
+        assert_eq!(a.handshake_at(z, soon).unwrap_err(), full);
+        // An address at its own cap takes nobody's place.
+        let later = t0 + MAKE_ROOM_AFTER;
+        assert!(a.handshake_at(x, later).unwrap_err().per_address);
+        let z1 = a.handshake_at(z, later).unwrap();
+        let ended = |t: &Ticket| ready_at_once(t.made_room());
+        assert!(ended(&x1), "the oldest makes room");
+        assert!(!ended(&z1));
+        // Until its task lets go it still counts, apart from the cap.
+        assert_eq!(a.handshakes.lock().unwrap().total, 4);
+        let _z2 = a.handshake_at(z, later).unwrap();
+        assert_eq!(a.handshakes.lock().unwrap().ending, 2, "x2 made room too");
+        assert_eq!(a.handshake_at(y, later).unwrap_err(), full);
+        drop(x1);
+        let c = a.handshakes.lock().unwrap();
+        assert_eq!((c.total, c.ending, c.waiting.len()), (4, 1, 3));
+    }
+
+    /// Whether `f` is ready at its first poll.
+    fn ready_at_once(f: impl std::future::Future<Output = ()>) -> bool {
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        std::pin::pin!(f).poll(&mut cx).is_ready()
+    }
+
+    #[test]
+    fn an_ipv6_hosts_handshakes_count_under_its_64() {
+        let a = Admission::new(ServerLimits {
+            handshakes_per_address: 2,
+            ..ServerLimits::default()
+        });
+        let v6 = |s: &str| -> IpAddr { s.parse().unwrap() };
+        let _h1 = a.handshake(v6("2001:db8:0:1::1")).unwrap();
+        let _h2 = a.handshake(v6("2001:db8:0:1:ffff::2")).unwrap();
+        assert!(a.handshake(v6("2001:db8:0:1::3")).unwrap_err().per_address);
+        assert!(a.handshake(v6("2001:db8:0:2::1")).is_ok());
+        // An IPv4 peer on a dual-stack socket counts as its IPv4 address.
+        let _m1 = a.handshake(v6("::ffff:10.0.0.1")).unwrap();
+        let _m2 = a.handshake([10, 0, 0, 1].into()).unwrap();
+        assert!(a.handshake([10, 0, 0, 1].into()).unwrap_err().per_address);
+        assert!(a.handshake([10, 0, 0, 2].into()).is_ok());
     }
 
     #[test]

@@ -442,7 +442,17 @@ async fn connection(
         };
         Ok::<_, Error>(Some((s, m)))
     };
-    let accepted = match tokio::time::timeout(limits.handshake_timeout, handshake).await {
+    let handshake = async {
+        tokio::select! {
+            r = tokio::time::timeout(limits.handshake_timeout, handshake) => Some(r),
+            () = handshaking.made_room() => None,
+        }
+    };
+    let Some(handshake) = handshake.await else {
+        tracing::debug!("{peer}: closed, its handshake making room for a newcomer");
+        return Ok(());
+    };
+    let accepted = match handshake {
         Err(_) => return Err(Error::Timeout("waiting for the peer's handshake")),
         // Not worth a warning: a client drops the data channels it dialed for a session that
         // did not open, whatever their phase.
