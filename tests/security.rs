@@ -745,6 +745,34 @@ async fn a_block_for_a_file_never_announced_ends_a_pull() {
     assert!(e.to_string().contains("block for unknown file 9"), "{e}");
 }
 
+/// A stop (SIGTERM) reaches a session whose request was accepted and whose data channels
+/// have yet to join: its client is told that the server is stopping and to run again, not
+/// left to find its connection closed once the server exits (the stop waits 3 s).
+#[tokio::test]
+async fn a_stop_reaches_a_session_waiting_for_its_channels() {
+    use hsxfer::channels::control::{BenchDirection, Message};
+    let root = tempfile::tempdir().unwrap();
+    let server = Server::bind(config(
+        root.path(),
+        Auth::NoAuth,
+        FaultInjection::default(),
+        false,
+    ))
+    .await
+    .unwrap();
+    let (addr, stopper) = (server.local_addr(), server.stopper());
+    tokio::spawn(server.run());
+    let (mut o, accepted) = ask(addr, bench_request(BenchDirection::Upload, 5.0)).await;
+    assert!(matches!(accepted, Message::Accepted { .. }), "{accepted:?}");
+    let (said, ()) = tokio::join!(answer(&mut o.r), stopper.stop("a test"));
+    match said {
+        Message::Abort { message, .. } => {
+            assert!(message.contains("stopping (a test)"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 /// A token holder that asks to pull a file, takes its manifest and then says nothing (no
 /// plan) held the serving session, and the slot it took, for good. The session ends after
 /// the server's idle time, telling the client why, and the slot serves another copy.

@@ -593,8 +593,13 @@ async fn control(
     };
     let _transfer = matches!(req.op, Operation::Push { .. } | Operation::Pull { .. })
         .then(|| TransferSession(&state));
-    // Check everything that can be checked before any data channel is opened.
-    let prepared = prepare_role(&state, &req).await.and_then(|(role, note)| {
+    // Check everything that can be checked before any data channel is opened. A stop
+    // (SIGTERM) ends this and the wait for the channels too, telling the client to run again.
+    let prepared = tokio::select! {
+        p = prepare_role(&state, &req) => p,
+        e = stopped(&mut stop) => Err(e),
+    };
+    let prepared = prepared.and_then(|(role, note)| {
         let (side, tuner) = match role {
             Role::Send(_) => (Side::Send, online_tuner(&req.tuning, req.channels)),
             Role::Receive(_) => (Side::Receive, None),
@@ -605,6 +610,10 @@ async fn control(
     });
     let (role, plan, tuner) = match prepared {
         Ok(p) => p,
+        Err(e @ Error::Stopping(_)) => {
+            w.abort(&e).await;
+            return Err(e);
+        }
         Err(e) => {
             // The client says "server refused".
             w.abort(&Error::Usage(e.to_string())).await;
@@ -615,7 +624,11 @@ async fn control(
     let n = req.channels;
     state.slots_for(session, n);
     w.send(&opening.accept(n, plan.notes.clone())).await?;
-    let mut channels = match joined_channels(&mut rx, n).await {
+    let joined = tokio::select! {
+        c = joined_channels(&mut rx, n) => c,
+        e = stopped(&mut stop) => Err(e),
+    };
+    let mut channels = match joined {
         Ok(c) => c,
         Err(e) => {
             w.abort(&e).await;
