@@ -517,6 +517,54 @@ fn json_events_follow_the_documented_schema() {
     assert!(per_channel(0) >= 3 && per_channel(1) >= 3, "{events:#?}");
 }
 
+/// A download traced on many channels with a long interval: the sending server's samples
+/// reach the trace file whole, in batches that each fit a control message. (Once one batch
+/// held the interval's samples: 5 s of 128 channels, about 24 MB, past the 16 MiB a
+/// control message may take, and the first batch ended the transfer.)
+#[test]
+fn a_trace_of_many_channels_reaches_the_client_in_batches_that_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _server = serve(dir.path(), port);
+    let trace = dir.path().join("trace.csv");
+    let out = hsxfer(&[
+        "bench",
+        "-R",
+        "-n",
+        "128",
+        "--no-auth",
+        "--json",
+        "--time",
+        "6",
+        "--interval",
+        "5s",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--port",
+        &port.to_string(),
+        "127.0.0.1",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = fs::read_to_string(&trace).unwrap();
+    let mut rows = vec![0usize; 128];
+    for line in text.lines().skip(1) {
+        let channel: usize = line.split(',').nth(1).unwrap().parse().unwrap();
+        rows[channel] += 1;
+    }
+    // 100 samples a second per channel; a busy host takes fewer, but every channel has some,
+    // and all of them take more than one batch.
+    let total: usize = rows.iter().sum();
+    assert!(rows.iter().all(|&n| n > 0), "{rows:?}");
+    assert!(
+        total > hsxfer::channels::limits::TRACE_SAMPLES_PER_BATCH,
+        "{total} rows"
+    );
+}
+
 /// A pull into the process's own stdout: piped (`| next`), the data alone goes down the
 /// pipe and the report (human or JSON) to stderr; redirected to a file (`> out.bin`), the
 /// file gets the data, through the descriptor, as `cp` would write it.

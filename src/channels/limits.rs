@@ -11,6 +11,19 @@ pub const MAX_CHANNELS: u16 = 128;
 /// server reports per row, so it takes no more.
 pub const MAX_TELEMETRY_ROWS: u16 = 1024;
 
+/// Most trace samples one telemetry batch carries; a sender with more sends several batches.
+/// At the most a sample can take in JSON they fill half a control frame, and the rest of a
+/// batch (a row's setup and latest sample for each of [`MAX_TELEMETRY_ROWS`], the losses, the
+/// tuner's decisions) fits the other half (`channels::telemetry`'s tests check it).
+pub const TRACE_SAMPLES_PER_BATCH: usize = 16 << 10;
+
+/// Most loss events one telemetry batch carries, likewise.
+pub const LOSSES_PER_BATCH: usize = 16 << 10;
+
+/// Most decisions of the online tuner a report keeps: the latest ones. A tuner decides
+/// rarely (its hysteresis), but a transfer may run for days.
+pub const MAX_TUNER_DECISIONS: usize = 512;
+
 /// Smallest block size accepted.
 pub const MIN_BLOCK: u32 = 4 << 10;
 

@@ -70,6 +70,14 @@ pub struct TelemetryBatch {
     /// What the sending side's online tuner learned and did so far.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tuner: Option<TunerReport>,
+    /// Trace samples the sending side left out so far: more were waiting to be sent than it
+    /// keeps (its peer read too slowly).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub trace_dropped: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Repairs by the window guard of hsxfer's BPF congestion controls (see `hsxfer cc list`):
@@ -200,6 +208,121 @@ pub struct TunerReport {
     pub channels: u16,
     /// True when losses came while the channels sent below the path's rate (random loss).
     pub lossy: bool,
-    /// Every decision, in order.
+    /// The decisions, in order: the latest [`super::limits::MAX_TUNER_DECISIONS`].
     pub decisions: Vec<Decision>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channels::control::{encode, Message, MAX_CONTROL_FRAME};
+    use crate::channels::limits::{
+        LOSSES_PER_BATCH, MAX_TELEMETRY_ROWS, MAX_TUNER_DECISIONS, TRACE_SAMPLES_PER_BATCH,
+    };
+    use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
+
+    /// A sample whose every number takes the most characters JSON gives it.
+    fn widest_sample() -> Sample {
+        let (u32_, u64_) = (u32::MAX, u64::MAX);
+        Sample {
+            t: -f64::MIN_POSITIVE,
+            channel: MAX_TELEMETRY_ROWS - 1,
+            tcp: TcpSample {
+                cwnd: u32_,
+                ssthresh: u32_,
+                rtt_us: u32_,
+                min_rtt_us: u32_,
+                retrans: u32_,
+                total_retrans: u32_,
+                delivery_rate: u64_,
+                pacing_rate: u64_,
+                ca_state: u8::MAX,
+                bytes_acked: u64_,
+                mss: u32_,
+                delivered: u32_,
+                busy_us: u64_,
+                rwnd_limited_us: u64_,
+                sndbuf_limited_us: u64_,
+                notsent_bytes: u32_,
+                snd_wnd: u32_,
+            },
+        }
+    }
+
+    fn len(batch: TelemetryBatch) -> usize {
+        encode(&Message::Telemetry(batch)).len()
+    }
+
+    #[test]
+    fn the_widest_batch_a_sender_makes_fits_a_control_frame() {
+        let trace = vec![widest_sample(); TRACE_SAMPLES_PER_BATCH];
+        let trace_len = len(TelemetryBatch {
+            trace,
+            ..Default::default()
+        });
+        assert!(trace_len <= MAX_CONTROL_FRAME as usize / 2, "{trace_len}");
+        let v6 = SocketAddr::V6(SocketAddrV6::new(
+            Ipv6Addr::from(u128::MAX),
+            65535,
+            0,
+            u32::MAX,
+        ));
+        let setup = ChannelSetup {
+            index: MAX_TELEMETRY_ROWS - 1,
+            // A kernel name is at most 15 characters; a quote doubles in JSON.
+            cc: "\"".repeat(15),
+            send_buffer_requested: Some(u64::MAX),
+            send_buffer: u64::MAX,
+            recv_buffer: u64::MAX,
+            pace_bps: Some(u64::MAX),
+            stagger_s: -f64::MIN_POSITIVE,
+            started_s: Some(-f64::MIN_POSITIVE),
+            local: Some(v6),
+            remote: Some(v6),
+        };
+        let rows = MAX_TELEMETRY_ROWS as usize;
+        let decision = Decision {
+            t: -f64::MIN_POSITIVE,
+            // The tuner's sentences are under 200 characters.
+            what: "\"".repeat(200),
+        };
+        let counters = u64::MAX;
+        let rest = len(TelemetryBatch {
+            setups: vec![setup; rows],
+            latest: vec![widest_sample(); rows],
+            losses: vec![
+                crate::metrics::LossEvent {
+                    flow: rows - 1,
+                    at: -f64::MIN_POSITIVE,
+                };
+                LOSSES_PER_BATCH
+            ],
+            trace: Vec::new(),
+            last: true,
+            dmctcp: Some(DmcCounters {
+                cuts: counters,
+                losses_kept: counters,
+                channels: u32::MAX,
+                slow_start_adopted: counters,
+            }),
+            guard: Some(GuardCounters {
+                ssthresh_repairs: counters,
+                cwnd_repairs: counters,
+                skipped_ssthresh: counters,
+            }),
+            tuner: Some(TunerReport {
+                rate_bps: Some(u64::MAX),
+                measured_bps: Some(u64::MAX),
+                meter: Some(MeterEnd::Timeout),
+                channels: u16::MAX,
+                lossy: true,
+                decisions: vec![decision; MAX_TUNER_DECISIONS],
+            }),
+            trace_dropped: u64::MAX,
+        });
+        assert!(
+            trace_len + rest <= MAX_CONTROL_FRAME as usize,
+            "trace {trace_len} + the rest {rest} bytes"
+        );
+    }
 }

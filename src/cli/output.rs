@@ -14,6 +14,7 @@ use std::time::Duration;
 use anyhow::Context;
 use hsxfer::channels::telemetry::{ChannelSetup, Sample};
 use hsxfer::session::events::{Event, JSON_SCHEMA};
+use hsxfer::session::telemetry::MAX_TRACE_SAMPLES;
 use hsxfer::{LiveStats, TransferReport};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use tokio::sync::oneshot;
@@ -168,6 +169,12 @@ impl Live {
                 if finished {
                     if let Some(d) = display.take() {
                         d.clear();
+                    }
+                    let dropped = live.telemetry.trace_dropped();
+                    if writer.is_some() && dropped > 0 {
+                        eprintln!(
+                            "hsxfer: warning: the trace left out {dropped} samples: more than {MAX_TRACE_SAMPLES} waited to be written or sent"
+                        );
                     }
                     return Ok(());
                 }

@@ -224,8 +224,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
         }
         let mut result = self.drive(&jobs_tx, hashed_rx, &crew, &mut tasks).await;
         if result.is_ok() && self.forward_telemetry.is_some() {
-            let last = Message::Telemetry(self.live.telemetry.take_batch(true));
-            if let Err(e) = self.ctrl_w.send(&last).await {
+            if let Err(e) = self.forward_telemetry(true).await {
                 result = Err(e);
             }
         }
@@ -237,6 +236,19 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
             g.send_replace(u16::MAX);
         }
         conclude(result, &mut self.ctrl_r, &mut self.ctrl_w, tasks).await
+    }
+
+    /// Sends the telemetry gathered since the last time, in as many batches as it takes;
+    /// `last`: the session's final telemetry.
+    async fn forward_telemetry(&mut self, last: bool) -> Result<()> {
+        loop {
+            let batch = self.live.telemetry.take_batch(last);
+            let done = batch.last || !self.live.telemetry.more_to_forward();
+            self.ctrl_w.send(&Message::Telemetry(batch)).await?;
+            if done {
+                return Ok(());
+            }
+        }
     }
 
     async fn drive(
@@ -253,7 +265,12 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
         let mut out = SideOutcome::default();
         let mut done = 0u64;
         let mut arrivals = Arrivals::take(&mut self.growth);
-        let period = self.forward_telemetry.unwrap_or(Duration::from_secs(3600));
+        // A trace is forwarded at least every second, so that what waits stays small.
+        let period = match self.forward_telemetry {
+            Some(p) if self.live.telemetry.tracing() => p.min(Duration::from_secs(1)),
+            Some(p) => p,
+            None => Duration::from_secs(3600),
+        };
         let mut report = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         let time_up = self.source.time_up_at().map(tokio::time::Instant::from_std);
         // The receiver's word that its files and directories are all in place.
@@ -353,8 +370,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                 }
                 e = stopped(&mut self.stop) => return Err(e),
                 _ = report.tick(), if self.forward_telemetry.is_some() => {
-                    let batch = self.live.telemetry.take_batch(false);
-                    self.ctrl_w.send(&Message::Telemetry(batch)).await?;
+                    self.forward_telemetry(false).await?;
                 }
                 _ = tokio::time::sleep_until(idle.check_at()) => {
                     idle.check(tokio::time::Instant::now(), self.progress(), false)?;

@@ -5,9 +5,11 @@
 //! to the client in [`TelemetryBatch`]es; the client absorbs them into the same state, so
 //! displays and reports read one place whichever side sends.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use crate::channels::limits::{LOSSES_PER_BATCH, TRACE_SAMPLES_PER_BATCH};
 use crate::channels::telemetry::{
     ChannelSetup, DmcCounters, GuardCounters, Sample, TelemetryBatch, TunerReport,
 };
@@ -24,6 +26,12 @@ pub const SAMPLE_PERIOD: Duration = Duration::from_millis(10);
 /// them without end. Those past it are left out of the report.
 pub const MAX_LOSS_EVENTS: usize = 1 << 20;
 
+/// Trace samples kept until they are taken or forwarded (about 30 MiB): 20 s of 128 channels.
+/// A reader that falls further behind (a client that stops reading its control connection,
+/// a pipeline that turned the trace on and never takes it) loses the samples past it, and
+/// [`Telemetry::trace_dropped`] counts them.
+pub const MAX_TRACE_SAMPLES: usize = 1 << 18;
+
 #[derive(Default)]
 struct State {
     setups: Vec<Option<ChannelSetup>>,
@@ -31,7 +39,13 @@ struct State {
     detectors: Vec<LossDetector>,
     losses: Vec<LossEvent>,
     forwarded_losses: usize,
-    trace: Option<Vec<Sample>>,
+    trace: Option<VecDeque<Sample>>,
+    /// Trace samples this side left out ([`MAX_TRACE_SAMPLES`]).
+    trace_dropped: u64,
+    /// Trace samples the sending server says it left out.
+    trace_dropped_by_sender: u64,
+    /// The final batch was asked for: samples taken after it would never be forwarded.
+    closing: bool,
     group: Option<Arc<DmcGroup>>,
     dmctcp: Option<DmcCounters>,
     guard_baseline: Option<GuardBaseline>,
@@ -106,7 +120,7 @@ impl Telemetry {
 
     /// Keeps every sample from now on, for [`Telemetry::take_trace`].
     pub fn enable_trace(&self) {
-        self.lock().trace.get_or_insert_with(Vec::new);
+        self.lock().trace.get_or_insert_with(VecDeque::new);
     }
 
     /// Whether a trace is being kept.
@@ -173,29 +187,54 @@ impl Telemetry {
             });
         }
         s.latest[i] = Some(sample);
-        if let Some(t) = s.trace.as_mut() {
-            t.push(sample);
+        if !s.closing {
+            s.keep_traced([sample]);
         }
     }
 
-    /// Takes what a sending server forwards: all setups, the latest samples, losses and trace
-    /// samples since the previous batch.
+    /// Takes what a sending server forwards: all setups, the latest samples, and the losses
+    /// and trace samples since the previous batch, as many as one control frame holds
+    /// ([`TRACE_SAMPLES_PER_BATCH`], [`LOSSES_PER_BATCH`]): while
+    /// [`Telemetry::more_to_forward`], send another. `last` asks for the session's final
+    /// batch: samples recorded from then on are not kept, and the batch says it is the last
+    /// only once nothing is left to forward.
     pub fn take_batch(&self, last: bool) -> TelemetryBatch {
         let dmctcp = self.dmctcp();
         let guard = self.guard();
         let mut s = self.lock();
-        let losses = s.losses[s.forwarded_losses..].to_vec();
-        s.forwarded_losses = s.losses.len();
+        s.closing |= last;
+        let from = s.forwarded_losses;
+        let to = s.losses.len().min(from + LOSSES_PER_BATCH);
+        let losses = s.losses[from..to].to_vec();
+        s.forwarded_losses = to;
+        let trace = match s.trace.as_mut() {
+            Some(t) => t.drain(..t.len().min(TRACE_SAMPLES_PER_BATCH)).collect(),
+            None => Vec::new(),
+        };
+        let more = s.more_to_forward();
         TelemetryBatch {
             setups: s.setups.iter().flatten().cloned().collect(),
             latest: s.latest.iter().flatten().copied().collect(),
             losses,
-            trace: s.trace.as_mut().map(std::mem::take).unwrap_or_default(),
-            last,
+            trace,
+            last: last && !more,
             dmctcp,
             guard,
             tuner: s.tuner.clone(),
+            trace_dropped: s.trace_dropped,
         }
+    }
+
+    /// Whether losses or trace samples wait that the last batch could not carry.
+    pub fn more_to_forward(&self) -> bool {
+        self.lock().more_to_forward()
+    }
+
+    /// Trace samples left out because more than [`MAX_TRACE_SAMPLES`] waited: on this side,
+    /// and on the sending server as it last said.
+    pub fn trace_dropped(&self) -> u64 {
+        let s = self.lock();
+        s.trace_dropped.saturating_add(s.trace_dropped_by_sender)
     }
 
     /// Absorbs a batch forwarded by the sending server.
@@ -221,9 +260,8 @@ impl Telemetry {
         if batch.guard.is_some() {
             s.guard = batch.guard;
         }
-        if let Some(t) = s.trace.as_mut() {
-            t.extend(batch.trace);
-        }
+        s.trace_dropped_by_sender = s.trace_dropped_by_sender.max(batch.trace_dropped);
+        s.keep_traced(batch.trace);
     }
 
     /// Settings of each channel, where known.
@@ -246,8 +284,29 @@ impl Telemetry {
         self.lock()
             .trace
             .as_mut()
-            .map(std::mem::take)
+            .map(|t| t.drain(..).collect())
             .unwrap_or_default()
+    }
+}
+
+impl State {
+    /// Adds `samples` to the trace, if one is kept, up to [`MAX_TRACE_SAMPLES`] waiting.
+    fn keep_traced(&mut self, samples: impl IntoIterator<Item = Sample>) {
+        let Some(t) = self.trace.as_mut() else {
+            return;
+        };
+        for sample in samples {
+            if t.len() < MAX_TRACE_SAMPLES {
+                t.push_back(sample);
+            } else {
+                self.trace_dropped += 1;
+            }
+        }
+    }
+
+    fn more_to_forward(&self) -> bool {
+        self.forwarded_losses < self.losses.len()
+            || self.trace.as_ref().is_some_and(|t| !t.is_empty())
     }
 }
 
@@ -289,6 +348,54 @@ mod tests {
             client.take_trace().is_empty(),
             "no trace kept unless enabled"
         );
+    }
+
+    #[test]
+    fn a_long_trace_goes_in_batches_that_fit_a_frame_and_the_last_says_so_at_its_end() {
+        let sender = Telemetry::new(1);
+        sender.enable_trace();
+        let n = 2 * TRACE_SAMPLES_PER_BATCH + 5;
+        for k in 0..n {
+            sender.record(sample(k as f64, 0, 0, 0));
+        }
+        let first = sender.take_batch(true);
+        assert_eq!(first.trace.len(), TRACE_SAMPLES_PER_BATCH);
+        assert!(!first.last && sender.more_to_forward());
+        // Samples after the final batch was asked for are not kept: the loop ends.
+        sender.record(sample(1e9, 0, 0, 0));
+        let second = sender.take_batch(true);
+        assert!(!second.last);
+        let third = sender.take_batch(true);
+        assert_eq!(third.trace.len(), 5);
+        assert!(third.last && !sender.more_to_forward());
+        assert_eq!(third.trace.last().map(|s| s.t), Some((n - 1) as f64));
+    }
+
+    #[test]
+    fn a_trace_nobody_reads_stops_growing_and_counts_what_it_left_out() {
+        let sender = Telemetry::new(1);
+        sender.enable_trace();
+        for k in 0..MAX_TRACE_SAMPLES + 7 {
+            sender.record(sample(k as f64, 0, 0, 0));
+        }
+        assert_eq!(sender.trace_dropped(), 7);
+        let batch = sender.take_batch(false);
+        assert_eq!(batch.trace_dropped, 7);
+        // A client adds the sender's count to its own; a server's batches cannot grow its
+        // trace past the bound either.
+        let client = Telemetry::new(1);
+        client.enable_trace();
+        client.absorb(batch);
+        while sender.more_to_forward() {
+            client.absorb(sender.take_batch(false));
+        }
+        client.absorb(TelemetryBatch {
+            trace: vec![sample(0.0, 0, 0, 0); 3],
+            trace_dropped: 7,
+            ..TelemetryBatch::default()
+        });
+        assert_eq!(client.take_trace().len(), MAX_TRACE_SAMPLES);
+        assert_eq!(client.trace_dropped(), 3 + 7);
     }
 
     #[test]

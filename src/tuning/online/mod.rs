@@ -71,6 +71,7 @@
 
 use super::estimate::{PathEstimator, Tick};
 use crate::channels::control::Policy;
+use crate::channels::limits::MAX_TUNER_DECISIONS;
 use crate::channels::telemetry::{Decision, TcpSample, TunerReport};
 
 mod channels;
@@ -449,8 +450,13 @@ impl OnlineTuner {
         est.rtt_or_default().max(MIN_ROUND_S)
     }
 
+    /// Records a decision, keeping the latest [`MAX_TUNER_DECISIONS`].
     fn decide(&mut self, t: f64, what: String) {
-        self.report.decisions.push(Decision { t, what });
+        let d = &mut self.report.decisions;
+        if d.len() == MAX_TUNER_DECISIONS {
+            d.remove(0);
+        }
+        d.push(Decision { t, what });
     }
 }
 

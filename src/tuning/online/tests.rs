@@ -911,3 +911,15 @@ fn no_probe_starts_while_a_channel_still_ramps_up_to_its_cap() {
     let at = probed_at.unwrap();
     assert!((12.3..13.0).contains(&at), "{at} {:?}", d.tuner.report());
 }
+
+#[test]
+fn a_report_keeps_the_latest_decisions_of_a_long_transfer() {
+    let mut tuner = OnlineTuner::new(config(4, 8, None));
+    let n = MAX_TUNER_DECISIONS + 3;
+    for k in 0..n {
+        tuner.decide(k as f64, format!("decision {k}"));
+    }
+    let d = &tuner.report().decisions;
+    assert_eq!(d.len(), MAX_TUNER_DECISIONS);
+    assert_eq!((d[0].t, d[d.len() - 1].t), (3.0, (n - 1) as f64));
+}
