@@ -58,10 +58,21 @@ impl FileBudget {
     }
 
     /// One budget for everything this process receives as a client ([`Self::for_this_process`],
-    /// made on first use), so concurrent transfers in one program share it.
+    /// made on first use), so concurrent transfers in one program share it. A child forked
+    /// after that (`multiprocessing`'s workers) makes its own: the slots its parent's
+    /// transfers held would never come back to it, as those transfers do not run there.
     pub fn of_clients() -> Self {
-        static SHARED: std::sync::OnceLock<FileBudget> = std::sync::OnceLock::new();
-        SHARED.get_or_init(Self::for_this_process).clone()
+        static SHARED: std::sync::Mutex<Option<(u32, FileBudget)>> = std::sync::Mutex::new(None);
+        let pid = std::process::id();
+        let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+        match &*shared {
+            Some((owner, budget)) if *owner == pid => budget.clone(),
+            _ => {
+                let budget = Self::for_this_process();
+                *shared = Some((pid, budget.clone()));
+                budget
+            }
+        }
     }
 
     /// Waits for `files` slots; they return to the budget when dropped (split off one per
@@ -82,5 +93,33 @@ impl FileBudget {
     /// Slots free now.
     pub fn free(&self) -> usize {
         self.slots.available_permits()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_forked_child_has_all_of_its_own_client_budget() {
+        let budget = FileBudget::of_clients();
+        let _held = budget.take(budget.capacity()).await;
+        assert_eq!(FileBudget::of_clients().free(), 0, "one budget per process");
+        // SAFETY: the child only reads its budget (within 10 s, or SIGALRM ends it) and
+        // leaves with `_exit`.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork: {}", std::io::Error::last_os_error());
+        if child == 0 {
+            unsafe { libc::alarm(10) };
+            let budget = FileBudget::of_clients();
+            let whole = budget.free() == budget.capacity() as usize;
+            unsafe { libc::_exit(if whole { 0 } else { 1 }) }
+        }
+        let mut status = 0;
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the child's budget had slots taken (status {status:#x})"
+        );
     }
 }
