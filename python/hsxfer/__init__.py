@@ -14,8 +14,12 @@ Transfers release the GIL while they run. The progress callback is called on the
 thread every ``interval`` seconds (and once at the end) with a dict: ``bytes`` and
 ``expected`` (payload bytes so far and in all, as far as known), ``files_done``, ``seconds``,
 and ``channels`` (bytes per data channel). If the callback raises, or on Ctrl-C (looked for
-every 0.2 s, whatever the interval), the transfer stops and the exception propagates; the server keeps what arrived, and the same call later
-resumes from there.
+every 0.2 s, whatever the interval), the transfer stops and the exception propagates; the
+server keeps what arrived, and the same call later resumes from there. Python delivers
+Ctrl-C to the main thread only: to stop a transfer running on another thread, raise from its
+callback (for example once a ``threading.Event`` is set). An exception from the last call,
+once the transfer is done, is reported as unraisable (as one from ``__del__`` is) and the
+report is returned.
 
 Errors are :class:`Error` (or one of its subclasses) with the same one-line messages as the
 command line; bad arguments raise :class:`ValueError`.
@@ -358,4 +362,6 @@ class Server:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        """Leaving the ``with`` block stops the server: sessions still running end as with
+        :meth:`stop`, so that no client writes into the root after the block."""
+        self.stop("the server was closed")

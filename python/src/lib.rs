@@ -202,8 +202,12 @@ fn drive<T: Send + 'static>(
                 .map_err(hsxfer::Error::task("the transfer"))
                 .and_then(|r| r)
                 .map_err(raise)?;
+            // The transfer is done: an exception from its last progress call cannot stop it,
+            // and must not lose its report. Python reports it as it does one from `__del__`.
             if let Some(cb) = progress {
-                cb.call1((snapshot(py, live)?,))?;
+                if let Err(e) = snapshot(py, live).and_then(|p| cb.call1((p,))) {
+                    e.write_unraisable(py, Some(cb));
+                }
             }
             return Ok(value);
         }
@@ -333,10 +337,14 @@ where
 
 /// The report as JSON (or the transfer's error raised), after handing the warnings to
 /// Python's `warnings` module.
+/// A warning turned into an exception (`-W error`) does not hide a failed transfer's error.
 fn finish(py: Python<'_>, (report, warnings): Outcome) -> PyResult<String> {
     for w in warnings {
         let text = CString::new(as_keywords(&w))?;
-        PyErr::warn(py, &py.get_type::<PyUserWarning>(), &text, 1)?;
+        let warned = PyErr::warn(py, &py.get_type::<PyUserWarning>(), &text, 1);
+        if report.is_ok() {
+            warned?;
+        }
     }
     json(&report.map_err(raise)?)
 }

@@ -7,6 +7,7 @@ import os
 import pathlib
 import secrets
 import signal
+import sys
 import threading
 import time
 
@@ -247,6 +248,52 @@ def test_a_stopped_server_tells_the_client_why(tmp_path):
     worker.join()
     assert "the server is stopping (maintenance)" in failed.get("message", ""), failed
     assert not (root / "big").exists()
+
+
+def test_leaving_a_with_block_stops_the_sessions_it_served(tmp_path):
+    """No client writes into the root after its ``with Server`` block: the sessions end as
+    with ``stop``, the client told why."""
+    root = tmp_path / "root"
+    root.mkdir()
+    random_file(tmp_path / "big", 64 << 20)
+    failed = {}
+    with hsxfer.Server(str(root)) as server:
+
+        def push():
+            try:
+                # 2 channels paced at 64 Mbit/s each: about 4 s for the whole file.
+                hsxfer.push([str(tmp_path / "big")], remote(server, "big"), channels=2,
+                            pace=64_000_000, tune="off", port=server.port)
+            except hsxfer.Error as e:
+                failed["message"] = str(e)
+
+        worker = threading.Thread(target=push)
+        worker.start()
+        deadline = time.monotonic() + 20
+        while not any(p.name.endswith("hsxfer-part") and p.stat().st_size > 0
+                      for p in root.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    worker.join()
+    assert "the server is stopping (the server was closed)" in failed.get("message", ""), failed
+    assert not (root / "big").exists()
+
+
+def test_an_exception_from_the_last_progress_call_keeps_the_report(served, tmp_path,
+                                                                   monkeypatch):
+    server, root, token = served
+    random_file(tmp_path / "f", 100_000)
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+
+    def fails(p):
+        raise RuntimeError(f"callback failed at {p['bytes']} bytes")
+
+    # An hour between calls: the only one is the last, once the copy is done.
+    report = hsxfer.push([str(tmp_path / "f")], remote(server, "f"), interval=3600,
+                         progress=fails, port=server.port, token_file=token)
+    assert report["verified"] and report["bytes"] == 100_000
+    assert digest(root / "f") == digest(tmp_path / "f")
+    assert [str(u.exc_value) for u in unraisable] == ["callback failed at 100000 bytes"]
 
 
 def test_the_gil_is_released_while_a_transfer_runs(served, tmp_path):
