@@ -2,10 +2,10 @@
 //! peer can exhaust its descriptors or memory (OpenSSH's `MaxStartups` is the model): a cap on
 //! connections still in their handshake, a cap on sessions, and a cap on the data channels
 //! joined to them. A connection past a cap is turned away at once with the cap it hit
-//! ([`Busy`]), except that when the handshakes fill the server, the oldest one gives its
-//! place to the newcomer once it has taken [`MAKE_ROOM_AFTER`]: a peer that holds connections
-//! open without authenticating, from as many addresses as it takes to fill the total, then
-//! locks no client out.
+//! ([`Busy`]), except that when the handshakes fill the server, one of the peer holding the
+//! most of them gives its place to a newcomer that holds fewer, once it has taken
+//! [`MAKE_ROOM_AFTER`]: a peer that holds connections open without authenticating, from as
+//! many addresses as it takes to fill the total, then locks no client out.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -20,12 +20,13 @@ use crate::channels::limits::MAX_CHANNELS;
 /// What a server allows at once. The defaults fit a host with the usual 1,024 descriptors.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerLimits {
-    /// Connections not yet authenticated, in total. When they are all taken, the oldest
-    /// gives its place to a newcomer once it has taken [`MAKE_ROOM_AFTER`].
+    /// Connections not yet authenticated, in total. When they are all taken, the oldest of
+    /// the peer holding the most (an IPv6 peer's /64 counting as one: one host may hold a
+    /// whole /64) gives its place to a newcomer holding fewer, once it has taken
+    /// [`MAKE_ROOM_AFTER`].
     pub handshakes: u32,
-    /// Connections not yet authenticated, from one address (an IPv6 address's /64: one
-    /// host may hold a whole /64). A client joins all its data channels at once, so this
-    /// stays above [`MAX_CHANNELS`].
+    /// Connections not yet authenticated, from one address. A client joins all its data
+    /// channels at once, so this stays above [`MAX_CHANNELS`].
     pub handshakes_per_address: u32,
     /// Sessions, in total.
     pub sessions: u32,
@@ -115,9 +116,10 @@ impl ServerLimits {
 }
 
 /// How long a handshake may wait before it gives its place to a newcomer when the handshakes
-/// fill the server: a client's takes two round trips (TLS, then the hello), under a second
-/// on a 250 ms path.
-pub const MAKE_ROOM_AFTER: Duration = Duration::from_secs(2);
+/// fill the server. A client's takes two round trips (TLS, then the hello), but the data
+/// channels a client dials early wait for its control connection to authenticate, for up to
+/// 3 s (`client::open`'s `EARLY_JOIN_WITHIN`).
+pub const MAKE_ROOM_AFTER: Duration = Duration::from_secs(5);
 
 /// One kind of connection counted per address and in total.
 #[derive(Debug, Default)]
@@ -131,10 +133,12 @@ struct Counts {
     ending: u32,
 }
 
-/// A handshake under way: since when, and the signal that ends it to make room.
+/// A handshake under way: since when, from whom ([`peer_group`]), and the signal that ends it
+/// to make room.
 #[derive(Debug)]
 struct Waiting {
     since: Instant,
+    group: IpAddr,
     end: Arc<Notify>,
 }
 
@@ -187,8 +191,8 @@ impl Drop for Ticket {
 
 /// Counts a connection of one kind (`cap`) from `peer` unless that would pass the `total` or
 /// the `per`-address cap. A handshake (`handshake_at`: now) that would pass only the total
-/// is admitted if the oldest handshake has waited [`MAKE_ROOM_AFTER`]: that one is told to
-/// end, and counts apart until its ticket is dropped.
+/// is admitted if another can make room ([`room_for`]): that one is told to end, and counts
+/// apart until its ticket is dropped.
 fn enter(
     counts: &Arc<Mutex<Counts>>,
     peer: IpAddr,
@@ -202,20 +206,21 @@ fn enter(
         per_address,
         limit,
     };
-    if c.by_address.get(&peer).copied().unwrap_or(0) >= per {
-        return Err(busy(true, per));
-    }
+    let full_here = c.by_address.get(&peer).copied().unwrap_or(0) >= per;
     if c.total - c.ending >= total {
-        let now = handshake_at.ok_or(busy(false, total))?;
-        let oldest = c.waiting.first_key_value().map(|(&k, w)| (k, w.since));
-        match oldest {
-            Some((arrival, since)) if now.saturating_duration_since(since) >= MAKE_ROOM_AFTER => {
-                let w = c.waiting.remove(&arrival).expect("the oldest");
-                w.end.notify_one();
-                c.ending += 1;
-            }
-            _ => return Err(busy(false, total)),
-        }
+        // A handshake from an address at its own cap takes nobody's place.
+        let room = handshake_at
+            .filter(|_| !full_here)
+            .and_then(|now| room_for(&c, peer, now));
+        let Some(arrival) = room else {
+            return Err(busy(false, total));
+        };
+        let w = c.waiting.remove(&arrival).expect("a waiting handshake");
+        w.end.notify_one();
+        c.ending += 1;
+    }
+    if full_here {
+        return Err(busy(true, per));
     }
     *c.by_address.entry(peer).or_default() += 1;
     c.total += 1;
@@ -224,6 +229,7 @@ fn enter(
         c.arrivals += 1;
         let w = Waiting {
             since,
+            group: peer_group(peer),
             end: end.clone(),
         };
         c.waiting.insert(arrival, w);
@@ -236,9 +242,26 @@ fn enter(
     })
 }
 
-/// The address a handshake is counted under: an IPv6 address's /64 (an IPv4 one mapped into
-/// IPv6 as itself).
-fn handshake_key(peer: IpAddr) -> IpAddr {
+/// The handshake that makes room for a newcomer from `peer` when they fill the server: the
+/// oldest of the peers holding the most, if they hold more than the newcomer's and it has
+/// waited [`MAKE_ROOM_AFTER`]. Peers are [`peer_group`]s.
+fn room_for(c: &Counts, peer: IpAddr, now: Instant) -> Option<u64> {
+    let mut held: HashMap<IpAddr, u32> = HashMap::new();
+    for w in c.waiting.values() {
+        *held.entry(w.group).or_default() += 1;
+    }
+    let mine = held.get(&peer_group(peer)).copied().unwrap_or(0);
+    let most = held.values().copied().max()?;
+    if most <= mine {
+        return None;
+    }
+    let (&arrival, oldest) = c.waiting.iter().find(|(_, w)| held[&w.group] == most)?;
+    (now.saturating_duration_since(oldest.since) >= MAKE_ROOM_AFTER).then_some(arrival)
+}
+
+/// Whom a handshake is from, when choosing one to make room: its address, an IPv6 address's
+/// /64 (one host may hold a whole /64), an IPv4 address mapped into IPv6 as itself.
+fn peer_group(peer: IpAddr) -> IpAddr {
     match peer.to_canonical() {
         IpAddr::V6(v6) => IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into()),
         v4 => v4,
@@ -270,8 +293,7 @@ impl Admission {
     fn handshake_at(&self, peer: IpAddr, now: Instant) -> Result<Ticket, Busy> {
         let l = &self.limits;
         let caps = (l.handshakes, l.handshakes_per_address);
-        let key = handshake_key(peer);
-        enter(&self.handshakes, key, Cap::Handshakes, caps, Some(now))
+        enter(&self.handshakes, peer, Cap::Handshakes, caps, Some(now))
     }
 
     /// Authenticated sessions now.
@@ -342,40 +364,39 @@ mod tests {
     }
 
     #[test]
-    fn a_full_server_ends_its_oldest_handshake_for_a_newcomer_once_it_waited_long_enough() {
+    fn a_full_server_ends_the_oldest_handshake_of_the_busiest_peer_for_one_holding_fewer() {
         let a = Admission::new(ServerLimits {
             handshakes: 3,
             handshakes_per_address: 2,
             ..ServerLimits::default()
         });
-        let (x, y, z): (IpAddr, IpAddr, IpAddr) = (
-            [10, 0, 0, 1].into(),
-            [10, 0, 0, 2].into(),
-            [10, 0, 0, 3].into(),
-        );
+        let ip = |last: u8| -> IpAddr { [10, 0, 0, last].into() };
         let t0 = Instant::now();
-        let x1 = a.handshake_at(x, t0).unwrap();
-        let _x2 = a.handshake_at(x, t0).unwrap();
-        let _y1 = a.handshake_at(y, t0 + Duration::from_secs(1)).unwrap();
+        let x1 = a.handshake_at(ip(1), t0).unwrap();
+        let _x2 = a.handshake_at(ip(1), t0).unwrap();
+        let _y1 = a.handshake_at(ip(2), t0 + Duration::from_secs(1)).unwrap();
         let soon = t0 + MAKE_ROOM_AFTER - Duration::from_millis(1);
         let full = Busy {
             cap: Cap::Handshakes,
             per_address: false,
             limit: 3,
         };
-        assert_eq!(a.handshake_at(z, soon).unwrap_err(), full);
-        // An address at its own cap takes nobody's place.
+        assert_eq!(a.handshake_at(ip(3), soon).unwrap_err(), full);
         let later = t0 + MAKE_ROOM_AFTER;
-        assert!(a.handshake_at(x, later).unwrap_err().per_address);
-        let z1 = a.handshake_at(z, later).unwrap();
-        let ended = |t: &Ticket| ready_at_once(t.made_room());
-        assert!(ended(&x1), "the oldest makes room");
-        assert!(!ended(&z1));
+        // An address at its own cap takes nobody's place.
+        assert_eq!(a.handshake_at(ip(1), later).unwrap_err(), full);
+        let z1 = a.handshake_at(ip(3), later).unwrap();
+        assert!(
+            ready_at_once(x1.made_room()),
+            "the busiest's oldest makes room"
+        );
+        assert!(!ready_at_once(z1.made_room()));
         // Until its task lets go it still counts, apart from the cap.
         assert_eq!(a.handshakes.lock().unwrap().total, 4);
-        let _z2 = a.handshake_at(z, later).unwrap();
+        // A peer holding as many as the busiest takes nobody's place.
+        assert_eq!(a.handshake_at(ip(3), later).unwrap_err(), full);
+        let _w1 = a.handshake_at(ip(4), later).unwrap();
         assert_eq!(a.handshakes.lock().unwrap().ending, 2, "x2 made room too");
-        assert_eq!(a.handshake_at(y, later).unwrap_err(), full);
         drop(x1);
         let c = a.handshakes.lock().unwrap();
         assert_eq!((c.total, c.ending, c.waiting.len()), (4, 1, 3));
@@ -389,21 +410,25 @@ mod tests {
     }
 
     #[test]
-    fn an_ipv6_hosts_handshakes_count_under_its_64() {
+    fn an_ipv6_hosts_64_is_one_peer_when_room_is_made_and_ipv4_peers_are_each_their_own() {
         let a = Admission::new(ServerLimits {
-            handshakes_per_address: 2,
+            handshakes: 3,
+            handshakes_per_address: 1,
             ..ServerLimits::default()
         });
-        let v6 = |s: &str| -> IpAddr { s.parse().unwrap() };
-        let _h1 = a.handshake(v6("2001:db8:0:1::1")).unwrap();
-        let _h2 = a.handshake(v6("2001:db8:0:1:ffff::2")).unwrap();
-        assert!(a.handshake(v6("2001:db8:0:1::3")).unwrap_err().per_address);
-        assert!(a.handshake(v6("2001:db8:0:2::1")).is_ok());
-        // An IPv4 peer on a dual-stack socket counts as its IPv4 address.
-        let _m1 = a.handshake(v6("::ffff:10.0.0.1")).unwrap();
-        let _m2 = a.handshake([10, 0, 0, 1].into()).unwrap();
-        assert!(a.handshake([10, 0, 0, 1].into()).unwrap_err().per_address);
-        assert!(a.handshake([10, 0, 0, 2].into()).is_ok());
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        let t0 = Instant::now();
+        // The cap per address counts each address of a /64 apart.
+        let first = ["2001:db8:0:1::1", "2001:db8:0:1::2", "::ffff:10.0.0.1"]
+            .map(|s| a.handshake_at(ip(s), t0).unwrap());
+        // Room for a newcomer: the /64 holding two gives up its oldest.
+        let later = t0 + MAKE_ROOM_AFTER;
+        let _b = a.handshake_at(ip("2001:db8:0:2::1"), later).unwrap();
+        assert!(ready_at_once(first[0].made_room()));
+        // 10.0.0.2 holds none, not as many as 10.0.0.1: it gets room too.
+        let _v4 = a.handshake_at(ip("::ffff:10.0.0.2"), later).unwrap();
+        assert!(ready_at_once(first[1].made_room()));
+        assert!(!ready_at_once(first[2].made_room()));
     }
 
     #[test]
