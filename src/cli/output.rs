@@ -156,11 +156,22 @@ impl Live {
                 .then(|| Display::new(live.channel_bytes().len()));
             let mut tick = tokio::time::interval(interval);
             tick.tick().await;
+            // The trace is written at least every second, whatever the interval: what waits
+            // unwritten is bounded (MAX_TRACE_SAMPLES).
+            let mut trace_tick = tokio::time::interval(interval.min(Duration::from_secs(1)));
+            trace_tick.tick().await;
             let mut last = (live.elapsed(), live.channel_bytes());
             loop {
                 let finished = tokio::select! {
                     _ = tick.tick() => false,
                     _ = &mut stopped => true,
+                    _ = trace_tick.tick(), if writer.is_some() => {
+                        if let Some(w) = writer.as_mut() {
+                            w.write(&live.telemetry.take_trace())
+                                .context("writing the trace file")?;
+                        }
+                        continue;
+                    }
                 };
                 if let Some(w) = writer.as_mut() {
                     w.write(&live.telemetry.take_trace())

@@ -37,8 +37,12 @@ use crate::fsio::partial::{
 use crate::fsio::root::Scope;
 use crate::transport::tls::Stream;
 
-/// How long a receiver waits for the sender's final telemetry after the last file.
+/// How long a receiver waits for the sender's final telemetry after the last file, and
+/// then for each next batch of it (a long trace comes in several).
 const FINAL_TELEMETRY_WAIT: Duration = Duration::from_secs(2);
+
+/// The longest a receiver waits for the sender's final telemetry in all.
+const FINAL_TELEMETRY_MOST: Duration = Duration::from_secs(30);
 
 /// Where received data goes.
 #[derive(Clone)]
@@ -145,12 +149,14 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
         Ok(out)
     }
 
-    /// Absorbs telemetry until the sender's final batch (or its close, or a short timeout:
-    /// the data is already safe, only the report would lack the last samples).
+    /// Absorbs telemetry until the sender's final batch (or its close, or a short timeout
+    /// from the last batch, at most [`FINAL_TELEMETRY_MOST`] in all: the data is already
+    /// safe, only the report would lack the last samples).
     async fn final_telemetry(&mut self) {
-        let deadline = tokio::time::Instant::now() + FINAL_TELEMETRY_WAIT;
+        let most = tokio::time::Instant::now() + FINAL_TELEMETRY_MOST;
+        let next = || (tokio::time::Instant::now() + FINAL_TELEMETRY_WAIT).min(most);
         while let Ok(Ok(Message::Telemetry(b))) =
-            tokio::time::timeout_at(deadline, self.ctrl_r.expect()).await
+            tokio::time::timeout_at(next(), self.ctrl_r.expect()).await
         {
             if let Err(v) = check_telemetry(&b) {
                 tracing::warn!("the sender's last telemetry is left out: {v}");

@@ -238,12 +238,17 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
         conclude(result, &mut self.ctrl_r, &mut self.ctrl_w, tasks).await
     }
 
-    /// Sends the telemetry gathered since the last time, in as many batches as it takes;
-    /// `last`: the session's final telemetry.
+    /// Sends the telemetry gathered since the last time, in as many batches as it took when
+    /// this began: what the sampler adds meanwhile waits for the next time (so a control
+    /// connection slower than the trace does not keep the engine here). `last`: the
+    /// session's final telemetry, all of it (nothing is added to it then).
     async fn forward_telemetry(&mut self, last: bool) -> Result<()> {
+        let mut batches = self.live.telemetry.batches_waiting();
         loop {
             let batch = self.live.telemetry.take_batch(last);
-            let done = batch.last || !self.live.telemetry.more_to_forward();
+            batches = batches.saturating_sub(1);
+            let done =
+                batch.last || !self.live.telemetry.more_to_forward() || !last && batches == 0;
             self.ctrl_w.send(&Message::Telemetry(batch)).await?;
             if done {
                 return Ok(());

@@ -230,6 +230,17 @@ impl Telemetry {
         self.lock().more_to_forward()
     }
 
+    /// Batches [`Telemetry::take_batch`] would take to forward what waits now (at least one).
+    pub fn batches_waiting(&self) -> usize {
+        let s = self.lock();
+        let losses = s.losses.len() - s.forwarded_losses;
+        let trace = s.trace.as_ref().map_or(0, VecDeque::len);
+        losses
+            .div_ceil(LOSSES_PER_BATCH)
+            .max(trace.div_ceil(TRACE_SAMPLES_PER_BATCH))
+            .max(1)
+    }
+
     /// Trace samples left out because more than [`MAX_TRACE_SAMPLES`] waited: on this side,
     /// and on the sending server as it last said.
     pub fn trace_dropped(&self) -> u64 {
