@@ -29,7 +29,7 @@ use crate::transport::route;
 /// match client.push(&["dataset".into()], true, "incoming", &live).await {
 ///     Ok(report) => println!("{} bytes, verified", report.bytes),
 ///     Err(Error::AuthRefused(server)) => eprintln!("{server} wants another token"),
-///     Err(Error::Busy { .. } | Error::PeerVanished) => eprintln!("try again later: it resumes"),
+///     Err(e) if e.is_transient() => eprintln!("try again later: it resumes ({e})"),
 ///     Err(e) => eprintln!("{e}"),
 /// }
 /// # }
@@ -105,8 +105,14 @@ pub enum Error {
         busy: Busy,
     },
     /// The peer aborted the session and said why.
-    #[error("peer aborted the transfer: {0}")]
-    PeerAborted(String),
+    #[error("peer aborted the transfer: {message}")]
+    PeerAborted {
+        /// What the peer said.
+        message: String,
+        /// The peer says that the same command run again later may succeed (it was stopping
+        /// or busy, or a step timed out), as [`Error::is_transient`] does of its own errors.
+        transient: bool,
+    },
     /// The server is stopping ([`crate::session::server::Stopper`]: a signal, or its
     /// embedder); what it says to each session's client.
     #[error("the server is stopping ({0}): run the same command again once it is back, and the copy resumes where it stopped")]
@@ -201,6 +207,33 @@ impl Error {
     /// Wraps a failed task's join error, naming what the task did.
     pub fn task(what: &'static str) -> impl FnOnce(tokio::task::JoinError) -> Error {
         move |source| Error::Task { what, source }
+    }
+
+    /// Whether the same call made again later may succeed, and then resume where this one
+    /// stopped: the server was busy or stopping (or said so in its abort), the connection
+    /// dropped, or a step timed out.
+    /// A retry loop's test; other errors need someone to change something first.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use hsxfer::Error;
+    ///
+    /// assert!(Error::PeerVanished.is_transient());
+    /// assert!(!Error::AuthRefused("dtn1:7000".into()).is_transient());
+    /// ```
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Error::Busy { .. }
+                | Error::Stopping(_)
+                | Error::PeerVanished
+                | Error::Timeout(_)
+                | Error::PeerAborted {
+                    transient: true,
+                    ..
+                }
+        )
     }
 }
 

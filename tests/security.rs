@@ -492,7 +492,7 @@ async fn hostile_values_in_a_request_or_manifest_end_only_their_session() {
     cases[4].1.version = PROTOCOL_VERSION - 1;
     for (needle, request) in cases {
         match ask(addr, request).await.1 {
-            Message::Abort { message } => assert!(message.contains(needle), "{message}"),
+            Message::Abort { message, .. } => assert!(message.contains(needle), "{message}"),
             other => panic!("{needle}: {other:?}"),
         }
     }
@@ -515,10 +515,10 @@ async fn hostile_values_in_a_request_or_manifest_end_only_their_session() {
         };
         s.w.send(&manifest).await.unwrap();
         match answer(&mut s.r).await {
-            Message::Abort { message } if !pushing => {
+            Message::Abort { message, .. } if !pushing => {
                 assert!(message.contains("more than 4194304 blocks"), "{message}")
             }
-            Message::Abort { message } if pushing => {
+            Message::Abort { message, .. } if pushing => {
                 assert!(message.contains("creating huge"), "{message}");
                 let root = root.path().to_str().unwrap();
                 assert!(
@@ -565,7 +565,7 @@ async fn hostile_values_in_a_request_or_manifest_end_only_their_session() {
         loop {
             match answer(&mut s.r).await {
                 Message::Plan { .. } => {}
-                Message::Abort { message: m } => {
+                Message::Abort { message: m, .. } => {
                     assert!(m.contains(message), "{pieces:?}: {m}");
                     break;
                 }
@@ -611,7 +611,7 @@ async fn only_a_bench_may_end_before_its_files_are_done() {
         s.w.send(&Message::TimeUp).await.unwrap();
         match answer(&mut s.r).await {
             Message::Halted { received } if !pushing => assert_eq!(received, vec![0]),
-            Message::Abort { message } if pushing => {
+            Message::Abort { message, .. } if pushing => {
                 assert!(message.contains("TimeUp"), "{message}")
             }
             other => panic!("push {pushing}: {other:?}"),
@@ -799,7 +799,7 @@ async fn a_pull_whose_client_goes_silent_ends_after_the_idle_time() {
     let started = std::time::Instant::now();
     let why = loop {
         match answer(&mut silent.r).await {
-            Message::Abort { message } => break message,
+            Message::Abort { message, .. } => break message,
             Message::Manifest { .. } | Message::Telemetry(_) => {}
             other => panic!("{other:?}"),
         }

@@ -336,7 +336,7 @@ impl Client {
                 self.jobs.push_back(job);
             }
             Message::FileDone { file } => self.planner.on_done(file).map_err(violation)?,
-            Message::Abort { message } => {
+            Message::Abort { message, .. } => {
                 return Err(Fail::Opening(OpeningError::Refused(message)))
             }
             other => return Err(Fail::Violation(format!("{} to a sender", other.kind()))),
@@ -493,7 +493,8 @@ impl Server {
     fn abort(&mut self, link: &mut Link, fail: Fail) -> Fail {
         if self.seals.is_some() {
             let message = format!("{fail:?}");
-            self.send(link, &Message::Abort { message });
+            let transient = false;
+            self.send(link, &Message::Abort { message, transient });
         }
         fail
     }

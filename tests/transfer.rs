@@ -1051,7 +1051,16 @@ async fn a_stopped_server_lets_go_of_its_part_files_before_it_returns() {
     let stats = live(2);
     let c = slow_client(addr);
     let r = stopped_midway(c.push(&sources, false, "f", &stats), &stats, &stopper).await;
-    assert!(matches!(r, Err(hsxfer::Error::PeerAborted(_))), "{r:?}");
+    assert!(
+        matches!(
+            r,
+            Err(hsxfer::Error::PeerAborted {
+                transient: true,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
 
     let (addr, _stopper) = stoppable_server(root.path(), FaultInjection::default()).await;
     let r = client(addr, 2)
@@ -1106,7 +1115,7 @@ async fn a_stopping_server_tells_its_clients_and_the_copy_then_resumes() {
     random_file(&src.path().join("f"), 64 << 20, 5);
     let start = || stoppable_server(root.path(), FaultInjection::default());
     let said = |r: hsxfer::Result<hsxfer::TransferReport>| match r {
-        Err(hsxfer::Error::PeerAborted(m)) => assert!(
+        Err(hsxfer::Error::PeerAborted { message: m, .. }) => assert!(
             m.contains("the server is stopping (a test)") && m.contains("resumes"),
             "{m}"
         ),

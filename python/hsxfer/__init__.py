@@ -19,10 +19,13 @@ server keeps what arrived, and the same call later resumes from there. Python de
 Ctrl-C to the main thread only: to stop a transfer running on another thread, raise from its
 callback (for example once a ``threading.Event`` is set). An exception from the last call,
 once the transfer is done, is reported as unraisable (as one from ``__del__`` is) and the
-report is returned.
+report is returned; Ctrl-C there still propagates.
 
 Errors are :class:`Error` (or one of its subclasses) with the same one-line messages as the
-command line; bad arguments raise :class:`ValueError`.
+command line; bad arguments raise :class:`ValueError`. :class:`TransientError` (and its
+:class:`BusyError`) says that the same call made again later may succeed, and resumes where
+this one stopped: the server was busy or stopping, the connection dropped, or a step timed
+out. A retry loop catches that one; the others need something changed first.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import os
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 from . import _native
-from ._native import AuthError, BusyError, ConnectError, Error
+from ._native import AuthError, BusyError, ConnectError, Error, TransientError
 
 __all__ = [
     "AuthError",
@@ -41,6 +44,7 @@ __all__ = [
     "DEFAULT_PORT",
     "Error",
     "Server",
+    "TransientError",
     "bench",
     "copy",
     "probe",

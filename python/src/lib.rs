@@ -53,8 +53,14 @@ create_exception!(
 );
 create_exception!(
     hsxfer,
-    BusyError,
+    TransientError,
     Error,
+    "The same call made again later may succeed, and resumes where this one stopped: the server was busy or stopping, the connection dropped, or a step timed out."
+);
+create_exception!(
+    hsxfer,
+    BusyError,
+    TransientError,
     "The server is at one of its session caps: retry later."
 );
 
@@ -98,6 +104,7 @@ fn raise(e: hsxfer::Error) -> PyErr {
         | E::ClearRefused(_)
         | E::Tls { .. } => ConnectError::new_err(message),
         E::Busy { .. } => BusyError::new_err(message),
+        e if e.is_transient() => TransientError::new_err(message),
         E::Usage(_) => PyValueError::new_err(message),
         _ => Error::new_err(message),
     }
@@ -203,9 +210,13 @@ fn drive<T: Send + 'static>(
                 .and_then(|r| r)
                 .map_err(raise)?;
             // The transfer is done: an exception from its last progress call cannot stop it,
-            // and must not lose its report. Python reports it as it does one from `__del__`.
+            // and must not lose its report. Python reports it as it does one from `__del__`;
+            // Ctrl-C (and the like, not an `Exception`) still propagates.
             if let Some(cb) = progress {
                 if let Err(e) = snapshot(py, live).and_then(|p| cb.call1((p,))) {
+                    if !e.is_instance_of::<PyException>(py) {
+                        return Err(e);
+                    }
                     e.write_unraisable(py, Some(cb));
                 }
             }
@@ -613,6 +624,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("Error", py.get_type::<Error>())?;
     m.add("AuthError", py.get_type::<AuthError>())?;
     m.add("ConnectError", py.get_type::<ConnectError>())?;
+    m.add("TransientError", py.get_type::<TransientError>())?;
     m.add("BusyError", py.get_type::<BusyError>())?;
     m.add("DEFAULT_PORT", hsxfer::DEFAULT_PORT)?;
     Ok(())

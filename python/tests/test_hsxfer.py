@@ -129,6 +129,7 @@ def test_a_wrong_token_raises_auth_error_with_the_cli_message(served, tmp_path):
         hsxfer.push([str(tmp_path / "one")], remote(server, "x"), port=server.port, token_file=other)
     assert "authentication refused" in str(e.value) and "\n" not in str(e.value)
     assert isinstance(e.value, hsxfer.Error)
+    assert not isinstance(e.value, hsxfer.TransientError), "a retry would fail the same way"
 
 
 def test_warnings_are_issued_when_the_transfer_then_fails(served, own_profiles, tmp_path):
@@ -223,7 +224,8 @@ def test_ctrl_c_stops_a_copy_whose_progress_comes_rarely(served, tmp_path):
 
 
 def test_a_stopped_server_tells_the_client_why(tmp_path):
-    """Server.stop ends a running push with the server's reason, not a vanished peer."""
+    """Server.stop ends a running push with the server's reason, not a vanished peer, as an
+    error a retry loop knows to retry."""
     root = tmp_path / "root"
     root.mkdir()
     random_file(tmp_path / "big", 64 << 20)
@@ -237,6 +239,7 @@ def test_a_stopped_server_tells_the_client_why(tmp_path):
                         pace=64_000_000, tune="off", port=server.port)
         except hsxfer.Error as e:
             failed["message"] = str(e)
+            failed["transient"] = isinstance(e, hsxfer.TransientError)
 
     worker = threading.Thread(target=push)
     worker.start()
@@ -247,6 +250,7 @@ def test_a_stopped_server_tells_the_client_why(tmp_path):
     server.stop("maintenance")
     worker.join()
     assert "the server is stopping (maintenance)" in failed.get("message", ""), failed
+    assert failed["transient"], failed
     assert not (root / "big").exists()
 
 

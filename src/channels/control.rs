@@ -128,7 +128,15 @@ pub enum Message {
     Abort {
         /// Human-readable reason.
         message: String,
+        /// The same command run again later may succeed, and resumes: the sender of the abort
+        /// is stopping or busy, or a step of the session timed out.
+        #[serde(default, skip_serializing_if = "is_false")]
+        transient: bool,
     },
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl Message {
@@ -576,6 +584,11 @@ mod tests {
             },
             Message::Abort {
                 message: "disk full".into(),
+                transient: false,
+            },
+            Message::Abort {
+                message: "stopping".into(),
+                transient: true,
             },
         ]
     }

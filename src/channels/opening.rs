@@ -138,7 +138,7 @@ impl ClientOpening {
     /// Takes the server's answer, received at `now`.
     pub fn on_message(&mut self, m: Message, now: Instant) -> Result<Answer, OpeningError> {
         let answer = match (self.state, m) {
-            (_, Message::Abort { message }) => return Err(OpeningError::Refused(message)),
+            (_, Message::Abort { message, .. }) => return Err(OpeningError::Refused(message)),
             (ClientState::Pinging { seq, sent }, Message::Pong { seq: s }) if s == seq => {
                 let rtt = now.saturating_duration_since(sent);
                 self.best_rtt = Some(self.best_rtt.map_or(rtt, |b| b.min(rtt)));
@@ -317,6 +317,7 @@ mod tests {
         c.request(request(4));
         let abort = Message::Abort {
             message: "no such file".into(),
+            transient: false,
         };
         assert_eq!(
             c.on_message(abort, Instant::now()),

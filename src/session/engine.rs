@@ -62,7 +62,9 @@ async fn real_cause<R: AsyncRead + Unpin>(
                 Some(Err(local)) => return local,
             },
             m = ctrl_r.recv(), if ctrl_open => match m {
-                Ok(Some(Message::Abort { message })) => return Error::PeerAborted(message),
+                Ok(Some(Message::Abort { message, transient })) => {
+                    return Error::PeerAborted { message, transient }
+                }
                 Ok(Some(_)) => {}
                 _ => ctrl_open = false,
             },

@@ -298,8 +298,8 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
                                 out.verified = true;
                                 return Ok(out);
                             }
-                            Message::Abort { message } => {
-                                return Err(Error::PeerAborted(message))
+                            Message::Abort { message, transient } => {
+                                return Err(Error::PeerAborted { message, transient })
                             }
                             other => {
                                 return Err(Violation(format!("unexpected {other:?}")).into())

@@ -337,7 +337,9 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
                             Some(g) => g.connect(first, count)?,
                             None => return Err(Violation("unasked OpenChannels".into()).into()),
                         },
-                        Message::Abort { message } => return Err(Error::PeerAborted(message)),
+                        Message::Abort { message, transient } => {
+                            return Err(Error::PeerAborted { message, transient })
+                        }
                         other => return Err(Violation(format!("unexpected {other:?}")).into()),
                     }
                 }
@@ -407,7 +409,9 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
             tokio::select! {
                 msg = self.ctrl_r.expect() => match msg? {
                     Message::Halted { received } => break received,
-                    Message::Abort { message } => return Err(Error::PeerAborted(message)),
+                    Message::Abort { message, transient } => {
+                            return Err(Error::PeerAborted { message, transient })
+                        }
                     // Sent before the receiver saw the end: nothing is owed any more.
                     _ => {}
                 },

@@ -213,7 +213,10 @@ impl<W: AsyncWrite + Unpin> ControlWriter<W> {
             Some(scope) => scope.hide_root(&message),
             None => message,
         };
-        let m = Message::Abort { message };
+        let m = Message::Abort {
+            message,
+            transient: err.is_transient(),
+        };
         let _ = tokio::time::timeout(ABORT_LINGER, self.send(&m)).await;
     }
 }
