@@ -2,10 +2,10 @@
 //! peer can exhaust its descriptors or memory (OpenSSH's `MaxStartups` is the model): a cap on
 //! connections still in their handshake, a cap on sessions, and a cap on the data channels
 //! joined to them. A connection past a cap is turned away at once with the cap it hit
-//! ([`Busy`]), except that when the handshakes fill the server, one of the peer holding the
-//! most of them gives its place to a newcomer that holds fewer, once it has taken
-//! [`MAKE_ROOM_AFTER`]: a peer that holds connections open without authenticating, from as
-//! many addresses as it takes to fill the total, then locks no client out.
+//! ([`Busy`]), except that when the handshakes fill the server, one that has taken
+//! [`MAKE_ROOM_AFTER`] gives its place to the newcomer (of those, one of the peer holding the
+//! most): a peer that holds connections open without authenticating, from as many addresses
+//! as it takes to fill the total, then locks no client out.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -20,10 +20,9 @@ use crate::channels::limits::MAX_CHANNELS;
 /// What a server allows at once. The defaults fit a host with the usual 1,024 descriptors.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerLimits {
-    /// Connections not yet authenticated, in total. When they are all taken, the oldest of
-    /// the peer holding the most (an IPv6 peer's /64 counting as one: one host may hold a
-    /// whole /64) gives its place to a newcomer holding fewer, once it has taken
-    /// [`MAKE_ROOM_AFTER`].
+    /// Connections not yet authenticated, in total. When they are all taken, one that has
+    /// taken [`MAKE_ROOM_AFTER`] gives its place to a newcomer: the oldest of the peer holding
+    /// the most (an IPv6 peer's /64 counting as one: one host may hold a whole /64).
     pub handshakes: u32,
     /// Connections not yet authenticated, from one address. A client joins all its data
     /// channels at once, so this stays above [`MAX_CHANNELS`].
@@ -211,7 +210,7 @@ fn enter(
         // A handshake from an address at its own cap takes nobody's place.
         let room = handshake_at
             .filter(|_| !full_here)
-            .and_then(|now| room_for(&c, peer, now));
+            .and_then(|now| room_for(&c, now));
         let Some(arrival) = room else {
             return Err(busy(false, total));
         };
@@ -242,21 +241,25 @@ fn enter(
     })
 }
 
-/// The handshake that makes room for a newcomer from `peer` when they fill the server: the
-/// oldest of the peers holding the most, if they hold more than the newcomer's and it has
-/// waited [`MAKE_ROOM_AFTER`]. Peers are [`peer_group`]s.
-fn room_for(c: &Counts, peer: IpAddr, now: Instant) -> Option<u64> {
+/// The handshake that makes room for a newcomer when they fill the server: of those that
+/// have waited [`MAKE_ROOM_AFTER`], the oldest of the peer ([`peer_group`]) holding the most.
+/// A client's handshakes are younger, so a flood from many addresses, or from one, ends its
+/// own.
+fn room_for(c: &Counts, now: Instant) -> Option<u64> {
     let mut held: HashMap<IpAddr, u32> = HashMap::new();
     for w in c.waiting.values() {
         *held.entry(w.group).or_default() += 1;
     }
-    let mine = held.get(&peer_group(peer)).copied().unwrap_or(0);
-    let most = held.values().copied().max()?;
-    if most <= mine {
-        return None;
+    let aged = |w: &Waiting| now.saturating_duration_since(w.since) >= MAKE_ROOM_AFTER;
+    // `waiting` is in order of arrival, and the first of the most is kept.
+    let mut best: Option<(u64, u32)> = None;
+    for (&arrival, w) in c.waiting.iter().filter(|(_, w)| aged(w)) {
+        let n = held[&w.group];
+        if best.is_none_or(|(_, most)| n > most) {
+            best = Some((arrival, n));
+        }
     }
-    let (&arrival, oldest) = c.waiting.iter().find(|(_, w)| held[&w.group] == most)?;
-    (now.saturating_duration_since(oldest.since) >= MAKE_ROOM_AFTER).then_some(arrival)
+    best.map(|(arrival, _)| arrival)
 }
 
 /// Whom a handshake is from, when choosing one to make room: its address, an IPv6 address's
@@ -364,42 +367,44 @@ mod tests {
     }
 
     #[test]
-    fn a_full_server_ends_the_oldest_handshake_of_the_busiest_peer_for_one_holding_fewer() {
+    fn a_full_server_ends_an_aged_handshake_of_the_busiest_peer_for_a_newcomer() {
         let a = Admission::new(ServerLimits {
-            handshakes: 3,
-            handshakes_per_address: 2,
+            handshakes: 4,
+            handshakes_per_address: 3,
             ..ServerLimits::default()
         });
         let ip = |last: u8| -> IpAddr { [10, 0, 0, last].into() };
         let t0 = Instant::now();
-        let x1 = a.handshake_at(ip(1), t0).unwrap();
-        let _x2 = a.handshake_at(ip(1), t0).unwrap();
-        let _y1 = a.handshake_at(ip(2), t0 + Duration::from_secs(1)).unwrap();
-        let soon = t0 + MAKE_ROOM_AFTER - Duration::from_millis(1);
+        let single = a.handshake_at(ip(1), t0).unwrap();
+        let t1 = t0 + Duration::from_secs(1);
+        let busy: Vec<Ticket> = (0..3).map(|_| a.handshake_at(ip(2), t1).unwrap()).collect();
         let full = Busy {
             cap: Cap::Handshakes,
             per_address: false,
-            limit: 3,
+            limit: 4,
         };
+        // None has waited long enough.
+        let soon = t0 + MAKE_ROOM_AFTER - Duration::from_millis(1);
         assert_eq!(a.handshake_at(ip(3), soon).unwrap_err(), full);
-        let later = t0 + MAKE_ROOM_AFTER;
+        let later = t1 + MAKE_ROOM_AFTER;
         // An address at its own cap takes nobody's place.
-        assert_eq!(a.handshake_at(ip(1), later).unwrap_err(), full);
-        let z1 = a.handshake_at(ip(3), later).unwrap();
-        assert!(
-            ready_at_once(x1.made_room()),
-            "the busiest's oldest makes room"
-        );
-        assert!(!ready_at_once(z1.made_room()));
+        assert_eq!(a.handshake_at(ip(2), later).unwrap_err(), full);
+        // The busiest peer's oldest makes room, not the oldest of all.
+        let newcomer = a.handshake_at(ip(3), later).unwrap();
+        assert!(ready_at_once(busy[0].made_room()));
+        assert!(!ready_at_once(single.made_room()));
+        assert!(!ready_at_once(newcomer.made_room()));
         // Until its task lets go it still counts, apart from the cap.
-        assert_eq!(a.handshakes.lock().unwrap().total, 4);
-        // A peer holding as many as the busiest takes nobody's place.
-        assert_eq!(a.handshake_at(ip(3), later).unwrap_err(), full);
-        let _w1 = a.handshake_at(ip(4), later).unwrap();
-        assert_eq!(a.handshakes.lock().unwrap().ending, 2, "x2 made room too");
-        drop(x1);
-        let c = a.handshakes.lock().unwrap();
-        assert_eq!((c.total, c.ending, c.waiting.len()), (4, 1, 3));
+        let counts = |a: &Admission| {
+            let c = a.handshakes.lock().unwrap();
+            (c.total, c.ending, c.waiting.len())
+        };
+        assert_eq!(counts(&a), (5, 1, 4));
+        let _next = a.handshake_at(ip(4), later).unwrap();
+        assert!(ready_at_once(busy[1].made_room()));
+        assert_eq!(counts(&a), (6, 2, 4));
+        drop(busy);
+        assert_eq!(counts(&a), (3, 0, 3));
     }
 
     /// Whether `f` is ready at its first poll.
@@ -412,23 +417,23 @@ mod tests {
     #[test]
     fn an_ipv6_hosts_64_is_one_peer_when_room_is_made_and_ipv4_peers_are_each_their_own() {
         let a = Admission::new(ServerLimits {
-            handshakes: 3,
+            handshakes: 4,
             handshakes_per_address: 1,
             ..ServerLimits::default()
         });
         let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
         let t0 = Instant::now();
-        // The cap per address counts each address of a /64 apart.
-        let first = ["2001:db8:0:1::1", "2001:db8:0:1::2", "::ffff:10.0.0.1"]
-            .map(|s| a.handshake_at(ip(s), t0).unwrap());
-        // Room for a newcomer: the /64 holding two gives up its oldest.
-        let later = t0 + MAKE_ROOM_AFTER;
-        let _b = a.handshake_at(ip("2001:db8:0:2::1"), later).unwrap();
-        assert!(ready_at_once(first[0].made_room()));
-        // 10.0.0.2 holds none, not as many as 10.0.0.1: it gets room too.
-        let _v4 = a.handshake_at(ip("::ffff:10.0.0.2"), later).unwrap();
-        assert!(ready_at_once(first[1].made_room()));
-        assert!(!ready_at_once(first[2].made_room()));
+        let t1 = t0 + Duration::from_secs(1);
+        // IPv4 peers as a dual-stack socket gives them, then two addresses of one /64, each
+        // under its own cap.
+        let v4 = ["::ffff:10.0.0.1", "::ffff:10.0.0.2"].map(|s| a.handshake_at(ip(s), t0).unwrap());
+        let v6 = ["2001:db8:0:1::1", "2001:db8:0:1::2"].map(|s| a.handshake_at(ip(s), t1).unwrap());
+        let _newcomer = a
+            .handshake_at(ip("2001:db8:0:2::1"), t1 + MAKE_ROOM_AFTER)
+            .unwrap();
+        // The /64 holds two, each IPv4 address one: the /64's oldest makes room.
+        assert!(ready_at_once(v6[0].made_room()));
+        assert!(!ready_at_once(v4[0].made_room()) && !ready_at_once(v4[1].made_room()));
     }
 
     #[test]
