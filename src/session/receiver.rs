@@ -155,17 +155,24 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> ReceiveEngine<R, W> {
     async fn final_telemetry(&mut self) {
         let most = tokio::time::Instant::now() + FINAL_TELEMETRY_MOST;
         let next = || (tokio::time::Instant::now() + FINAL_TELEMETRY_WAIT).min(most);
-        while let Ok(Ok(Message::Telemetry(b))) =
-            tokio::time::timeout_at(next(), self.ctrl_r.expect()).await
-        {
+        loop {
+            let b = match tokio::time::timeout_at(next(), self.ctrl_r.expect()).await {
+                Ok(Ok(Message::Telemetry(b))) => b,
+                Err(_) => {
+                    tracing::warn!("the sender's last telemetry did not all come in time: the report and trace may lack its last samples");
+                    return;
+                }
+                // The sender closed, or said something else: nothing more will come.
+                Ok(_) => return,
+            };
             if let Err(v) = check_telemetry(&b) {
                 tracing::warn!("the sender's last telemetry is left out: {v}");
-                break;
+                return;
             }
             let last = b.last;
             self.live.telemetry.absorb(b);
             if last {
-                break;
+                return;
             }
         }
     }

@@ -29,6 +29,10 @@ use crate::error::{Error, Result};
 use crate::transport::tcp::push_pending;
 use crate::transport::tls::Stream;
 
+/// Most telemetry batches a sending server forwards at one tick of its report interval (a
+/// second at most while tracing): 32,768 trace samples, 320 rows sampled every 10 ms.
+const BATCHES_PER_TICK: usize = 2;
+
 struct Hashed {
     file: u32,
     block: u64,
@@ -223,11 +227,6 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
             tasks.spawn(ch.run());
         }
         let mut result = self.drive(&jobs_tx, hashed_rx, &crew, &mut tasks).await;
-        if result.is_ok() && self.forward_telemetry.is_some() {
-            if let Err(e) = self.forward_telemetry(true).await {
-                result = Err(e);
-            }
-        }
         // Closing the queue (and letting the channels held go) lets the channel tasks finish
         // and shut their streams down.
         jobs_tx.close();
@@ -235,15 +234,22 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
         if let Some(g) = &self.gate {
             g.send_replace(u16::MAX);
         }
+        // After the channels close: the receiver reads the final telemetry once its own
+        // channels have ended, and a long trace's batches do not fit the socket's buffers.
+        if result.is_ok() && self.forward_telemetry.is_some() {
+            if let Err(e) = self.forward_telemetry(true).await {
+                result = Err(e);
+            }
+        }
         conclude(result, &mut self.ctrl_r, &mut self.ctrl_w, tasks).await
     }
 
-    /// Sends the telemetry gathered since the last time, in as many batches as it took when
-    /// this began: what the sampler adds meanwhile waits for the next time (so a control
-    /// connection slower than the trace does not keep the engine here). `last`: the
-    /// session's final telemetry, all of it (nothing is added to it then).
+    /// Sends the telemetry gathered since the last time: at most [`BATCHES_PER_TICK`]
+    /// batches of what waited when this began, so that a control connection slower than the
+    /// trace holds the engine little (the samples past what waits are dropped and counted).
+    /// `last`: the session's final telemetry, all of it (nothing is added to it then).
     async fn forward_telemetry(&mut self, last: bool) -> Result<()> {
-        let mut batches = self.live.telemetry.batches_waiting();
+        let mut batches = self.live.telemetry.batches_waiting().min(BATCHES_PER_TICK);
         loop {
             let batch = self.live.telemetry.take_batch(last);
             batches = batches.saturating_sub(1);
@@ -277,6 +283,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SendEngine<R, W> {
             None => Duration::from_secs(3600),
         };
         let mut report = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        report.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let time_up = self.source.time_up_at().map(tokio::time::Instant::from_std);
         // The receiver's word that its files and directories are all in place.
         let mut receiver_finished = false;
