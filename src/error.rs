@@ -185,6 +185,10 @@ impl From<OpeningError> for Error {
     fn from(e: OpeningError) -> Self {
         match e {
             OpeningError::Refused(message) => Error::Refused(message),
+            OpeningError::Transient(message) => Error::PeerAborted {
+                message,
+                transient: true,
+            },
             OpeningError::BadRequest(bad) => Error::Usage(bad.0),
             OpeningError::Violation(v) => v.into(),
         }
@@ -349,5 +353,16 @@ mod tests {
             "{unlocked}"
         );
         assert!(!missing.contains('\n') && !unlocked.contains('\n'));
+    }
+
+    #[test]
+    fn a_servers_abort_is_transient_when_it_says_so_before_or_after_the_data_moves() {
+        assert!(Error::from(OpeningError::Transient("stopping".into())).is_transient());
+        assert!(!Error::from(OpeningError::Refused("no such file".into())).is_transient());
+        let aborted = |transient| Error::PeerAborted {
+            message: "x".into(),
+            transient,
+        };
+        assert!(aborted(true).is_transient() && !aborted(false).is_transient());
     }
 }

@@ -766,8 +766,9 @@ async fn a_stop_reaches_a_session_waiting_for_its_channels() {
     assert!(matches!(accepted, Message::Accepted { .. }), "{accepted:?}");
     let (said, ()) = tokio::join!(answer(&mut o.r), stopper.stop("a test"));
     match said {
-        Message::Abort { message, .. } => {
-            assert!(message.contains("stopping (a test)"), "{message}")
+        Message::Abort { message, transient } => {
+            assert!(message.contains("stopping (a test)"), "{message}");
+            assert!(transient, "a client may run the copy again");
         }
         other => panic!("{other:?}"),
     }

@@ -25,7 +25,8 @@ Errors are :class:`Error` (or one of its subclasses) with the same one-line mess
 command line; bad arguments raise :class:`ValueError`. :class:`TransientError` (and its
 :class:`BusyError`) says that the same call made again later may succeed, and resumes where
 this one stopped: the server was busy or stopping, the connection dropped, or a step timed
-out. A retry loop catches that one; the others need something changed first.
+out. A retry loop catches that one; the others need something changed first, except that a
+server being restarted refuses connections for a while (:class:`ConnectError`).
 """
 
 from __future__ import annotations

@@ -33,6 +33,10 @@ pub enum OpeningError {
     /// The peer sent its reason and closed: the server refused the request.
     #[error("{0}")]
     Refused(String),
+    /// The peer sent its reason and closed, for a reason that passes (it is stopping, or a
+    /// step timed out): the same request later may succeed.
+    #[error("{0}")]
+    Transient(String),
     /// The server's checks refused the client's request.
     #[error(transparent)]
     BadRequest(#[from] BadRequest),
@@ -138,7 +142,12 @@ impl ClientOpening {
     /// Takes the server's answer, received at `now`.
     pub fn on_message(&mut self, m: Message, now: Instant) -> Result<Answer, OpeningError> {
         let answer = match (self.state, m) {
-            (_, Message::Abort { message, .. }) => return Err(OpeningError::Refused(message)),
+            (_, Message::Abort { message, transient }) => {
+                return Err(match transient {
+                    true => OpeningError::Transient(message),
+                    false => OpeningError::Refused(message),
+                })
+            }
             (ClientState::Pinging { seq, sent }, Message::Pong { seq: s }) if s == seq => {
                 let rtt = now.saturating_duration_since(sent);
                 self.best_rtt = Some(self.best_rtt.map_or(rtt, |b| b.min(rtt)));
@@ -323,6 +332,15 @@ mod tests {
             c.on_message(abort, Instant::now()),
             Err(OpeningError::Refused("no such file".into()))
         );
+        // One that passes (a server stopping) says so.
+        let mut c = ClientOpening::new();
+        c.request(request(4));
+        let abort = Message::Abort {
+            message: "stopping".into(),
+            transient: true,
+        };
+        let e = c.on_message(abort, Instant::now()).unwrap_err();
+        assert_eq!(e, OpeningError::Transient("stopping".into()));
         let mut s = ServerOpening::new();
         let mut bad = request(4);
         bad.channels = 0;

@@ -161,7 +161,7 @@ impl Client {
             .map(|m| opening.on_message(m, Instant::now()))
         {
             Ok(Ok(Answer::Facts(f))) => Ok((*f, rtt)),
-            Ok(Err(OpeningError::Refused(message))) => Err(Error::Refused(message)),
+            Ok(Err(e @ (OpeningError::Refused(_) | OpeningError::Transient(_)))) => Err(e.into()),
             // An older server cannot decode the request and closes the connection.
             Ok(_) | Err(Error::PeerVanished) | Err(Error::Malformed(_)) => Err(Error::TooOld(peer)),
             Err(e) => Err(e),
