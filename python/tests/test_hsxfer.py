@@ -223,23 +223,19 @@ def test_ctrl_c_stops_a_copy_whose_progress_comes_rarely(served, tmp_path):
     assert not (root / "big").exists()
 
 
-def test_a_stopped_server_tells_the_client_why(tmp_path):
-    """Server.stop ends a running push with the server's reason, not a vanished peer, as an
-    error a retry loop knows to retry."""
-    root = tmp_path / "root"
-    root.mkdir()
+def start_paced_push(tmp_path, root, server):
+    """Starts a push of a 64 MiB file into ``server`` on a thread (2 channels paced at
+    64 Mbit/s each: about 4 s), and returns once part of it has arrived in ``root``: the
+    thread, and the dict its ``hsxfer.Error`` goes into (``error``)."""
     random_file(tmp_path / "big", 64 << 20)
-    server = hsxfer.Server(str(root))
     failed = {}
 
     def push():
         try:
-            # 2 channels paced at 64 Mbit/s each: about 4 s for the whole file.
             hsxfer.push([str(tmp_path / "big")], remote(server, "big"), channels=2,
                         pace=64_000_000, tune="off", port=server.port)
         except hsxfer.Error as e:
-            failed["message"] = str(e)
-            failed["transient"] = isinstance(e, hsxfer.TransientError)
+            failed["error"] = e
 
     worker = threading.Thread(target=push)
     worker.start()
@@ -247,10 +243,20 @@ def test_a_stopped_server_tells_the_client_why(tmp_path):
     while not any(p.name.endswith("hsxfer-part") and p.stat().st_size > 0
                   for p in root.iterdir()) and time.monotonic() < deadline:
         time.sleep(0.02)
+    return worker, failed
+
+
+def test_a_stopped_server_tells_the_client_why(tmp_path):
+    """Server.stop ends a running push with the server's reason, not a vanished peer, as an
+    error a retry loop knows to retry."""
+    root = tmp_path / "root"
+    root.mkdir()
+    server = hsxfer.Server(str(root))
+    worker, failed = start_paced_push(tmp_path, root, server)
     server.stop("maintenance")
     worker.join()
-    assert "the server is stopping (maintenance)" in failed.get("message", ""), failed
-    assert failed["transient"], failed
+    assert "the server is stopping (maintenance)" in str(failed.get("error")), failed
+    assert isinstance(failed["error"], hsxfer.TransientError), failed
     assert not (root / "big").exists()
 
 
@@ -259,26 +265,10 @@ def test_leaving_a_with_block_stops_the_sessions_it_served(tmp_path):
     with ``stop``, the client told why."""
     root = tmp_path / "root"
     root.mkdir()
-    random_file(tmp_path / "big", 64 << 20)
-    failed = {}
     with hsxfer.Server(str(root)) as server:
-
-        def push():
-            try:
-                # 2 channels paced at 64 Mbit/s each: about 4 s for the whole file.
-                hsxfer.push([str(tmp_path / "big")], remote(server, "big"), channels=2,
-                            pace=64_000_000, tune="off", port=server.port)
-            except hsxfer.Error as e:
-                failed["message"] = str(e)
-
-        worker = threading.Thread(target=push)
-        worker.start()
-        deadline = time.monotonic() + 20
-        while not any(p.name.endswith("hsxfer-part") and p.stat().st_size > 0
-                      for p in root.iterdir()) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        worker, failed = start_paced_push(tmp_path, root, server)
     worker.join()
-    assert "the server is stopping (the server was closed)" in failed.get("message", ""), failed
+    assert "the server is stopping (the server was closed)" in str(failed.get("error")), failed
     assert not (root / "big").exists()
 
 
