@@ -162,21 +162,19 @@ impl Live {
             trace_tick.tick().await;
             let mut last = (live.elapsed(), live.channel_bytes());
             loop {
+                // None: only the trace is due.
                 let finished = tokio::select! {
-                    _ = tick.tick() => false,
-                    _ = &mut stopped => true,
-                    _ = trace_tick.tick(), if writer.is_some() => {
-                        if let Some(w) = writer.as_mut() {
-                            w.write(&live.telemetry.take_trace())
-                                .context("writing the trace file")?;
-                        }
-                        continue;
-                    }
+                    _ = tick.tick() => Some(false),
+                    _ = &mut stopped => Some(true),
+                    _ = trace_tick.tick(), if writer.is_some() => None,
                 };
                 if let Some(w) = writer.as_mut() {
                     w.write(&live.telemetry.take_trace())
                         .context("writing the trace file")?;
                 }
+                let Some(finished) = finished else {
+                    continue;
+                };
                 if finished {
                     if let Some(d) = display.take() {
                         d.clear();
