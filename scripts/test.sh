@@ -12,19 +12,20 @@ rustup component add rustfmt clippy >/dev/null 2>&1 || true
 cargo fmt --all --check
 # The committed BPF objects must be what their sources build to.
 make -C bpf check
-cargo test --release --all-targets --all-features --no-run
-
-# Most of the tests' time is spent waiting on emulated paths, with the CPU idle. The checks
-# that need only the CPU run then, at the lowest priority (SCHED_IDLE: any other task that
-# wants the CPU gets it first), so that they neither slow the tests nor disturb the paths:
-# tests/cc.rs took 267.6 s with them running and 267.0 s without on 2 cores, and repeated
-# no flow for a late delay element (it runs at real-time priority itself).
+# Most of the tests' time is spent waiting on emulated paths, with the CPU idle, and the
+# build leaves a core idle at times too. The checks that need only the CPU run meanwhile, at
+# the lowest priority (SCHED_IDLE: any other task that wants the CPU gets it first), so that
+# they neither slow the tests much nor disturb the paths: tests/cc.rs took 267.6 s with them
+# running and 267.0 s without on 2 cores, and repeated no flow for a late delay element (it
+# runs at real-time priority itself).
 checks_log=target/checks.log
 mkdir -p target
 if chrt --idle 0 true 2>/dev/null; then idle=(chrt --idle 0); else idle=(nice -n 19); fi
 setsid "${idle[@]}" bash scripts/checks.sh >"$checks_log" 2>&1 &
 checks=$!
 trap 'kill -- -"$checks" 2>/dev/null || true' EXIT
+
+cargo test --release --all-targets --all-features --no-run
 
 # Every test binary runs even when an earlier one fails; any failure still fails the script.
 tests=0
