@@ -196,14 +196,14 @@ struct ServeArgs {
     /// TCP port for control and data channels (default: 7420; with --stdio, any free port).
     #[arg(long)]
     port: Option<u16>,
-    /// Most sessions served at once; more are turned away with a message to retry.
-    #[arg(long, value_name = "N", default_value_t = ServerLimits::default().sessions,
-          value_parser = clap::value_parser!(u32).range(1..))]
-    max_sessions: u32,
-    /// Most sessions served at once from one client address.
-    #[arg(long, value_name = "N", default_value_t = ServerLimits::default().sessions_per_address,
-          value_parser = clap::value_parser!(u32).range(1..))]
-    max_sessions_per_address: u32,
+    /// Most sessions served at once (default: 256, or a sixteenth of the open-files limit
+    /// less 8 if that is fewer, at least 8); more are turned away with a message to retry.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_sessions: Option<u32>,
+    /// Most sessions served at once from one client address (default: 64, or
+    /// --max-sessions if that is fewer).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_sessions_per_address: Option<u32>,
     /// Most data channels joined to sessions at once (default: an eighth of the open-files
     /// limit, at least 128); a channel past it is turned away with a message to retry.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
@@ -689,9 +689,12 @@ fn server_limits(a: &ServeArgs) -> ServerLimits {
         Some(n) => defaults.with_channels(n),
         None => defaults,
     };
+    let sessions = a.max_sessions.unwrap_or(limits.sessions);
     ServerLimits {
-        sessions: a.max_sessions,
-        sessions_per_address: a.max_sessions_per_address,
+        sessions,
+        sessions_per_address: a
+            .max_sessions_per_address
+            .unwrap_or(limits.sessions_per_address.min(sessions)),
         channels_per_address: a
             .max_channels_per_address
             .unwrap_or(limits.channels_per_address),

@@ -17,7 +17,8 @@ use tokio::sync::Notify;
 use crate::channels::busy::{Busy, Cap};
 use crate::channels::limits::MAX_CHANNELS;
 
-/// What a server allows at once. The defaults fit a host with the usual 1,024 descriptors.
+/// What a server allows at once. The defaults ([`ServerLimits::for_descriptors`]) share out
+/// this process's descriptor limit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerLimits {
     /// Connections not yet authenticated, in total. When they are all taken, one that has
@@ -54,6 +55,10 @@ pub struct ServerLimits {
     pub block_memory: usize,
 }
 
+/// Descriptors a server keeps for what is neither a connection nor a file being received:
+/// its listeners, the runtime's, its key file, a log.
+pub const SPARE_DESCRIPTORS: u64 = 32;
+
 /// The default caps on data channels, in total and per address, for a process allowed
 /// `descriptors` open files.
 fn channel_caps(descriptors: u64) -> (u32, u32) {
@@ -63,24 +68,72 @@ fn channel_caps(descriptors: u64) -> (u32, u32) {
     (total, channels_per_address(total))
 }
 
+/// The default caps on sessions and handshakes, in total, for a process allowed
+/// `descriptors` open files: they share a quarter of them, less [`SPARE_DESCRIPTORS`], a
+/// quarter of that for sessions and the rest for handshakes. Never more than 256 sessions and
+/// 512 handshakes (from 4,224 descriptors), nor fewer than 8 sessions and handshakes enough
+/// for a client of the most channels.
+fn connection_caps(descriptors: u64) -> (u32, u32) {
+    let quarter =
+        u32::try_from((descriptors / 4).saturating_sub(SPARE_DESCRIPTORS)).unwrap_or(u32::MAX);
+    let sessions = (quarter / 4).clamp(8, 256);
+    let most = MAX_CHANNELS as u32;
+    let handshakes = quarter.saturating_sub(sessions).clamp(most + 8, 4 * most);
+    (sessions, handshakes)
+}
+
+/// Half of `total` handshakes, but enough for a client of the most channels, which joins all
+/// of them at once, when `total` allows.
+fn handshakes_per_address(total: u32) -> u32 {
+    (total / 2).max(MAX_CHANNELS as u32 + 8).min(total)
+}
+
 /// Half of `total`, but one session of the most channels when `total` allows.
 fn channels_per_address(total: u32) -> u32 {
     (total / 2).max(MAX_CHANNELS as u32).min(total)
 }
 
 impl Default for ServerLimits {
-    /// Caps for a host with the usual 1,024 descriptors; the data channels' caps follow this
-    /// process's descriptor limit.
+    /// [`ServerLimits::for_descriptors`] this process's descriptor limit (`RLIMIT_NOFILE`).
     fn default() -> Self {
         let descriptors =
             nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
                 .map_or(1024, |(soft, _)| soft);
+        ServerLimits::for_descriptors(descriptors)
+    }
+}
+
+impl ServerLimits {
+    /// The default caps for a process allowed `descriptors` open files, which they share so
+    /// that no mix of peers can take the descriptors a server needs: files being received
+    /// may hold half ([`super::budget::FileBudget::for_this_process`]) and data channels a
+    /// quarter (an eighth of the descriptors, two each on a server that sends: its socket and
+    /// the sampler's duplicate). Sessions (a control connection each) and handshakes share
+    /// the rest, less [`SPARE_DESCRIPTORS`]: a quarter of it for sessions, up to 256 (64 from
+    /// one address), and the rest for handshakes, up to 512 (half from one address, but
+    /// enough for a client of the most channels). Below
+    /// 1,024 descriptors the caps still allow one session of the most channels, so they may
+    /// add up to more than the limit.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use hsxfer::ServerLimits;
+    ///
+    /// // The usual soft limit: 512 descriptors for files, 2 × 128 for data channels.
+    /// let l = ServerLimits::for_descriptors(1024);
+    /// assert_eq!((l.sessions, l.handshakes, l.channels), (56, 168, 128));
+    /// let l = ServerLimits::for_descriptors(1 << 20);
+    /// assert_eq!((l.sessions, l.handshakes, l.channels), (256, 512, 131_072));
+    /// ```
+    pub fn for_descriptors(descriptors: u64) -> Self {
         let (channels, channels_per_address) = channel_caps(descriptors);
+        let (sessions, handshakes) = connection_caps(descriptors);
         ServerLimits {
-            handshakes: 4 * MAX_CHANNELS as u32,
-            handshakes_per_address: 2 * MAX_CHANNELS as u32,
-            sessions: 256,
-            sessions_per_address: 64,
+            handshakes,
+            handshakes_per_address: handshakes_per_address(handshakes),
+            sessions,
+            sessions_per_address: sessions.min(64),
             channels,
             channels_per_address,
             handshake_timeout: super::handshake::HANDSHAKE_TIMEOUT,
@@ -89,9 +142,28 @@ impl Default for ServerLimits {
             block_memory: super::block_memory::DEFAULT_SERVER_BLOCK_MEMORY,
         }
     }
-}
 
-impl ServerLimits {
+    /// The descriptors these caps let connections hold (handshakes, sessions' control
+    /// connections, two for each data channel), with those of the files being received (half
+    /// of `descriptors`) and [`SPARE_DESCRIPTORS`], when that is more than a process allowed
+    /// `descriptors` has: a flood beside large pushes could then leave the server none.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use hsxfer::ServerLimits;
+    ///
+    /// assert_eq!(ServerLimits::for_descriptors(1024).overcommit(1024), None);
+    /// let many = ServerLimits { sessions: 1000, ..ServerLimits::for_descriptors(1024) };
+    /// assert_eq!(many.overcommit(1024), Some(1968));
+    /// ```
+    pub fn overcommit(&self, descriptors: u64) -> Option<u64> {
+        let connections =
+            u64::from(self.handshakes) + u64::from(self.sessions) + 2 * u64::from(self.channels);
+        let wanted = connections + descriptors / 2 + SPARE_DESCRIPTORS;
+        (wanted > descriptors).then_some(wanted)
+    }
+
     /// These limits with at most `total` data channels at once, and half as many from one
     /// address (one session of the most channels, when `total` allows).
     ///
@@ -111,6 +183,21 @@ impl ServerLimits {
             channels_per_address: channels_per_address(total),
             ..self
         }
+    }
+}
+
+/// Warns when `limits` and the files being received may hold more descriptors than this
+/// process may open ([`ServerLimits::overcommit`]).
+pub(super) fn warn_of_overcommit(limits: &ServerLimits) {
+    let Ok((descriptors, _)) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+    else {
+        return;
+    };
+    if let Some(wanted) = limits.overcommit(descriptors) {
+        tracing::warn!(
+            "the server's caps and the files it receives may hold {wanted} descriptors, more than its open-files limit of {descriptors}: raise `ulimit -n`, or lower the caps on sessions and channels"
+        );
     }
 }
 
@@ -210,7 +297,7 @@ fn enter(
         // A handshake from an address at its own cap takes nobody's place.
         let room = handshake_at
             .filter(|_| !full_here)
-            .and_then(|now| room_for(&c, now));
+            .and_then(|now| room_for(&c, peer_group(peer), now));
         let Some(arrival) = room else {
             return Err(busy(false, total));
         };
@@ -241,15 +328,18 @@ fn enter(
     })
 }
 
-/// The handshake that makes room for a newcomer when they fill the server: of those that
-/// have waited [`MAKE_ROOM_AFTER`], the oldest of the peer ([`peer_group`]) holding the most.
-/// A client's handshakes are younger, so a flood from many addresses, or from one, ends its
-/// own.
-fn room_for(c: &Counts, now: Instant) -> Option<u64> {
+/// The handshake that makes room for a newcomer from `group` when they fill the server: of
+/// those that have waited [`MAKE_ROOM_AFTER`], the oldest of the peer ([`peer_group`])
+/// holding the most, if that peer would still hold as many as the newcomer's once it took the
+/// place. A client's handshakes are younger, so a flood from many addresses, or from one,
+/// ends its own; and the peers of a flood, each holding about as many, do not end each
+/// other's, which would keep every handshake too young to give a client its place.
+fn room_for(c: &Counts, group: IpAddr, now: Instant) -> Option<u64> {
     let mut held: HashMap<IpAddr, u32> = HashMap::new();
     for w in c.waiting.values() {
         *held.entry(w.group).or_default() += 1;
     }
+    let own = held.get(&group).copied().unwrap_or(0);
     let aged = |w: &Waiting| now.saturating_duration_since(w.since) >= MAKE_ROOM_AFTER;
     // `waiting` is in order of arrival, and the first of the most is kept.
     let mut best: Option<(u64, u32)> = None;
@@ -259,7 +349,8 @@ fn room_for(c: &Counts, now: Instant) -> Option<u64> {
             best = Some((arrival, n));
         }
     }
-    best.map(|(arrival, _)| arrival)
+    best.filter(|&(_, most)| most > own + 1)
+        .map(|(arrival, _)| arrival)
 }
 
 /// Whom a handshake is from, when choosing one to make room: its address, an IPv6 address's
@@ -434,6 +525,65 @@ mod tests {
         // The /64 holds two, each IPv4 address one: the /64's oldest makes room.
         assert!(ready_at_once(v6[0].made_room()));
         assert!(!ready_at_once(v4[0].made_room()) && !ready_at_once(v4[1].made_room()));
+    }
+
+    #[test]
+    fn peers_holding_about_as_many_do_not_end_each_others_handshakes() {
+        let a = Admission::new(ServerLimits {
+            handshakes: 4,
+            handshakes_per_address: 3,
+            ..ServerLimits::default()
+        });
+        let ip = |last: u8| -> IpAddr { [10, 0, 0, last].into() };
+        let t0 = Instant::now();
+        let one: Vec<Ticket> = (0..2).map(|_| a.handshake_at(ip(1), t0).unwrap()).collect();
+        let two: Vec<Ticket> = (0..2).map(|_| a.handshake_at(ip(2), t0).unwrap()).collect();
+        let later = t0 + MAKE_ROOM_AFTER;
+        // Two each: taking the other's place would leave it fewer than the newcomer's.
+        assert!(a.handshake_at(ip(1), later).is_err());
+        assert!(a.handshake_at(ip(2), later).is_err());
+        assert!(!ready_at_once(two[0].made_room()) && !ready_at_once(one[0].made_room()));
+        // A peer holding none takes a place.
+        let _three = a.handshake_at(ip(3), later).unwrap();
+        assert!(ready_at_once(one[0].made_room()));
+        drop(one);
+        // With ip(1)'s gone, a place is free for ip(3)'s second; its third, from a peer then
+        // holding two like ip(2), takes no place.
+        let _three_again = a.handshake_at(ip(3), later).unwrap();
+        assert!(!ready_at_once(two[0].made_room()));
+        assert!(a.handshake_at(ip(3), later).is_err());
+    }
+
+    #[test]
+    fn the_default_caps_and_the_files_fit_the_descriptors() {
+        for d in [1024, 1025, 1536, 2048, 4096, 4224, 10_000, 65_536, 1 << 20] {
+            let l = ServerLimits::for_descriptors(d);
+            assert_eq!(l.overcommit(d), None, "{d} descriptors: {l:?}");
+            assert!(l.handshakes_per_address > MAX_CHANNELS as u32, "{l:?}");
+            assert!(l.sessions_per_address <= l.sessions, "{l:?}");
+        }
+        let l = ServerLimits::for_descriptors(4224);
+        assert_eq!((l.sessions, l.handshakes), (256, 512));
+        assert_eq!(
+            (l.sessions_per_address, l.handshakes_per_address),
+            (64, 256)
+        );
+        let l = ServerLimits::for_descriptors(1024);
+        assert_eq!(
+            (l.sessions_per_address, l.handshakes_per_address),
+            (56, 136)
+        );
+        // Below 1,024 a client of the most channels still gets in.
+        let l = ServerLimits::for_descriptors(256);
+        assert_eq!((l.sessions, l.handshakes, l.channels), (8, 136, 128));
+        assert_eq!(l.overcommit(256), Some(32 + 136 + 8 + 256 + 128));
+        // The caps before they shared the descriptors: 1,536 at 1,024.
+        let before = ServerLimits {
+            sessions: 256,
+            handshakes: 512,
+            ..ServerLimits::for_descriptors(1024)
+        };
+        assert_eq!(before.overcommit(1024), Some(1568));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, Notify};
 
-use super::admission::{Admission, ServerLimits, Ticket};
+use super::admission::{warn_of_overcommit, Admission, ServerLimits, Ticket};
 use super::block_memory::BlockMemory;
 use super::boxed::boxed;
 use super::budget::FileBudget;
@@ -216,6 +216,7 @@ impl Server {
         }
         let scope = Scope::confined(&cfg.root)
             .map_err(Error::io(format!("server root {}", cfg.root.display())))?;
+        warn_of_overcommit(&cfg.limits);
         let bound = transport::bind(cfg.listen, cfg.mptcp)
             .map_err(Error::io(format!("binding {}", cfg.listen)))?;
         // Announced before listening, so that a client which finds the port open also finds
