@@ -34,6 +34,7 @@ use clap::{Args, Parser, Subcommand};
 use hsxfer::channels::control::Policy;
 use hsxfer::channels::oneshot::Announcement;
 use hsxfer::probe::{Direction as ProfileDirection, Fixed};
+use hsxfer::session::admission::SESSIONS_PER_ADDRESS;
 use hsxfer::session::secure::{Security, Trust};
 use hsxfer::session::ssh::{OneShot, SshLaunch};
 use hsxfer::transport::mptcp_pm::PathManagerKind;
@@ -694,7 +695,7 @@ fn server_limits(a: &ServeArgs) -> ServerLimits {
         sessions,
         sessions_per_address: a
             .max_sessions_per_address
-            .unwrap_or(limits.sessions_per_address.min(sessions)),
+            .unwrap_or(SESSIONS_PER_ADDRESS.min(sessions)),
         channels_per_address: a
             .max_channels_per_address
             .unwrap_or(limits.channels_per_address),

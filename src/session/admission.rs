@@ -4,8 +4,9 @@
 //! joined to them. A connection past a cap is turned away at once with the cap it hit
 //! ([`Busy`]), except that when the handshakes fill the server, one that has taken
 //! [`MAKE_ROOM_AFTER`] gives its place to the newcomer (of those, one of the peer holding the
-//! most): a peer that holds connections open without authenticating, from as many addresses
-//! as it takes to fill the total, then locks no client out.
+//! most; not to a newcomer whose own peer holds one that old): a peer that holds connections
+//! open without authenticating, from as many addresses as it takes to fill the total, then
+//! locks no client out, unless it opens them faster than they age.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -23,7 +24,8 @@ use crate::channels::limits::MAX_CHANNELS;
 pub struct ServerLimits {
     /// Connections not yet authenticated, in total. When they are all taken, one that has
     /// taken [`MAKE_ROOM_AFTER`] gives its place to a newcomer: the oldest of the peer holding
-    /// the most (an IPv6 peer's /64 counting as one: one host may hold a whole /64).
+    /// the most (an IPv6 peer's /64 counting as one: one host may hold a whole /64), unless the
+    /// newcomer's own peer holds one that old.
     pub handshakes: u32,
     /// Connections not yet authenticated, from one address. A client joins all its data
     /// channels at once, so this stays above [`MAX_CHANNELS`].
@@ -54,6 +56,9 @@ pub struct ServerLimits {
     /// ([`super::block_memory::BlockMemory`]).
     pub block_memory: usize,
 }
+
+/// The default cap on sessions from one address, where the sessions' cap allows.
+pub const SESSIONS_PER_ADDRESS: u32 = 64;
 
 /// Descriptors a server keeps for what is neither a connection nor a file being received:
 /// its listeners, the runtime's, its key file, a log.
@@ -133,7 +138,7 @@ impl ServerLimits {
             handshakes,
             handshakes_per_address: handshakes_per_address(handshakes),
             sessions,
-            sessions_per_address: sessions.min(64),
+            sessions_per_address: sessions.min(SESSIONS_PER_ADDRESS),
             channels,
             channels_per_address,
             handshake_timeout: super::handshake::HANDSHAKE_TIMEOUT,
@@ -330,17 +335,19 @@ fn enter(
 
 /// The handshake that makes room for a newcomer from `group` when they fill the server: of
 /// those that have waited [`MAKE_ROOM_AFTER`], the oldest of the peer ([`peer_group`])
-/// holding the most, if that peer would still hold as many as the newcomer's once it took the
-/// place. A client's handshakes are younger, so a flood from many addresses, or from one,
-/// ends its own; and the peers of a flood, each holding about as many, do not end each
-/// other's, which would keep every handshake too young to give a client its place.
+/// holding the most; none if a handshake of the newcomer's own peer has waited that long. A
+/// client's handshakes are younger, so a flood from many addresses, or from one, ends its
+/// own; and the peers of a flood, whose handshakes age, take no places from each other,
+/// which would keep every handshake too young to give a client its place.
 fn room_for(c: &Counts, group: IpAddr, now: Instant) -> Option<u64> {
+    let aged = |w: &Waiting| now.saturating_duration_since(w.since) >= MAKE_ROOM_AFTER;
+    if c.waiting.values().any(|w| w.group == group && aged(w)) {
+        return None;
+    }
     let mut held: HashMap<IpAddr, u32> = HashMap::new();
     for w in c.waiting.values() {
         *held.entry(w.group).or_default() += 1;
     }
-    let own = held.get(&group).copied().unwrap_or(0);
-    let aged = |w: &Waiting| now.saturating_duration_since(w.since) >= MAKE_ROOM_AFTER;
     // `waiting` is in order of arrival, and the first of the most is kept.
     let mut best: Option<(u64, u32)> = None;
     for (&arrival, w) in c.waiting.iter().filter(|(_, w)| aged(w)) {
@@ -349,8 +356,7 @@ fn room_for(c: &Counts, group: IpAddr, now: Instant) -> Option<u64> {
             best = Some((arrival, n));
         }
     }
-    best.filter(|&(_, most)| most > own + 1)
-        .map(|(arrival, _)| arrival)
+    best.map(|(arrival, _)| arrival)
 }
 
 /// Whom a handshake is from, when choosing one to make room: its address, an IPv6 address's
@@ -528,7 +534,7 @@ mod tests {
     }
 
     #[test]
-    fn peers_holding_about_as_many_do_not_end_each_others_handshakes() {
+    fn a_peer_with_an_aged_handshake_takes_no_place() {
         let a = Admission::new(ServerLimits {
             handshakes: 4,
             handshakes_per_address: 3,
@@ -539,19 +545,60 @@ mod tests {
         let one: Vec<Ticket> = (0..2).map(|_| a.handshake_at(ip(1), t0).unwrap()).collect();
         let two: Vec<Ticket> = (0..2).map(|_| a.handshake_at(ip(2), t0).unwrap()).collect();
         let later = t0 + MAKE_ROOM_AFTER;
-        // Two each: taking the other's place would leave it fewer than the newcomer's.
+        // Two peers of a flood, each under its own cap, do not end each other's.
         assert!(a.handshake_at(ip(1), later).is_err());
         assert!(a.handshake_at(ip(2), later).is_err());
-        assert!(!ready_at_once(two[0].made_room()) && !ready_at_once(one[0].made_room()));
-        // A peer holding none takes a place.
-        let _three = a.handshake_at(ip(3), later).unwrap();
+        assert!(!ready_at_once(one[0].made_room()) && !ready_at_once(two[0].made_room()));
+        // A client takes a place for each of its connections, from the peer holding the most.
+        let _first = a.handshake_at(ip(3), later).unwrap();
         assert!(ready_at_once(one[0].made_room()));
-        drop(one);
-        // With ip(1)'s gone, a place is free for ip(3)'s second; its third, from a peer then
-        // holding two like ip(2), takes no place.
-        let _three_again = a.handshake_at(ip(3), later).unwrap();
-        assert!(!ready_at_once(two[0].made_room()));
-        assert!(a.handshake_at(ip(3), later).is_err());
+        let _second = a.handshake_at(ip(3), later).unwrap();
+        assert!(ready_at_once(two[0].made_room()));
+        assert!(!ready_at_once(one[1].made_room()) && !ready_at_once(two[1].made_room()));
+    }
+
+    #[test]
+    fn a_client_gets_in_beside_a_flood_of_one_handshake_per_address() {
+        let a = Admission::new(ServerLimits {
+            handshakes: 4,
+            handshakes_per_address: 3,
+            ..ServerLimits::default()
+        });
+        let ip = |last: u8| -> IpAddr { [10, 0, 0, last].into() };
+        let t0 = Instant::now();
+        let flood: Vec<Ticket> = (1..=4)
+            .map(|i| a.handshake_at(ip(i), t0).unwrap())
+            .collect();
+        let later = t0 + MAKE_ROOM_AFTER;
+        let _client = a.handshake_at(ip(9), later).unwrap();
+        assert!(ready_at_once(flood[0].made_room()));
+    }
+
+    #[test]
+    fn a_client_of_the_most_channels_gets_all_its_places_beside_two_flooding_peers() {
+        let a = Admission::new(ServerLimits::for_descriptors(1024));
+        let (total, per) = (a.limits().handshakes, a.limits().handshakes_per_address);
+        let t0 = Instant::now();
+        let peers: [IpAddr; 2] = [[10, 0, 0, 1].into(), [10, 0, 0, 2].into()];
+        let flood: Vec<Ticket> = (0..total)
+            .map(|i| a.handshake_at(peers[i as usize % 2], t0).unwrap())
+            .collect();
+        let later = t0 + MAKE_ROOM_AFTER;
+        assert!(a.handshake_at(peers[0], later).is_err());
+        // The control connection and the most channels, dialed at once.
+        let client: IpAddr = [10, 0, 0, 9].into();
+        let places: Vec<Ticket> = (0..=MAX_CHANNELS)
+            .map(|i| {
+                a.handshake_at(client, later)
+                    .unwrap_or_else(|e| panic!("connection {i}: {e}"))
+            })
+            .collect();
+        assert!(places.len() as u32 <= per);
+        let ended = flood
+            .iter()
+            .filter(|t| ready_at_once(t.made_room()))
+            .count();
+        assert_eq!(ended, places.len());
     }
 
     #[test]
