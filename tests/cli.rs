@@ -730,6 +730,31 @@ fn tokens_are_strong_private_and_kept_outside_the_served_root() {
         &["serve", "--root", r, "--token-file", t],
         "hsxfer token new",
     );
+    // A good token of another user's: that user can read and change it.
+    let theirs = dir.path().join("theirs");
+    assert!(hsxfer(&["token", "new", theirs.to_str().unwrap()])
+        .status
+        .success());
+    if nix::unistd::geteuid().is_root() {
+        std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+        let theirs = theirs.to_str().unwrap();
+        // A client before it connects (nothing listens on that port), and a server.
+        let (closed, data) = (free_port().to_string(), inside.to_str().unwrap());
+        let copy = [
+            "copy",
+            "--port",
+            &closed,
+            "--token-file",
+            theirs,
+            data,
+            "127.0.0.1:x",
+        ];
+        for args in [&copy[..], &["serve", "--root", r, "--token-file", theirs]] {
+            fails_with(args, "belongs to another user (uid 65534)");
+        }
+    } else {
+        eprintln!("SKIPPED a token file of another user: making one needs root (CI runs as root)");
+    }
 }
 
 #[test]

@@ -14,17 +14,26 @@ pub const MIN_TOKEN_CHARS: usize = 32;
 /// Random bytes in a new token (256 bits; 64 hex digits in the file).
 const NEW_TOKEN_BYTES: usize = 32;
 
-/// Reads a token file, refusing one that others may read or write, or a token too short to
-/// resist guessing.
+/// Reads a token file, refusing one that others may read or write, one that belongs to
+/// another user than this process's (root aside: the owner of a file can read and change it
+/// whatever its mode), or a token too short to resist guessing.
 pub fn read(path: &Path) -> Result<Vec<u8>> {
     let shown = path.display();
     let failed = || Error::io(format!("reading token file {shown}"));
-    // One open for both checks: the mode is that of the file actually read.
+    // One open for all checks: the mode and owner are those of the file actually read.
     let mut file = fs::File::open(path).map_err(failed())?;
-    let mode = file.metadata().map_err(failed())?.mode() & 0o777;
+    let meta = file.metadata().map_err(failed())?;
+    let mode = meta.mode() & 0o777;
     if mode & 0o077 != 0 {
         return Err(Error::Usage(format!(
             "token file {shown} is open to other users (mode {mode:03o}): run chmod 600 {shown}"
+        )));
+    }
+    let (owner, me) = (meta.uid(), nix::unistd::geteuid().as_raw());
+    if owner != me && owner != 0 {
+        return Err(Error::Usage(format!(
+            "token file {shown} belongs to another user (uid {owner}), who can read and change \
+             it: use a token file of your own (hsxfer token new FILE)"
         )));
     }
     let mut token = Vec::new();
