@@ -344,6 +344,8 @@ fn dial_channels(
                 Err(_) => return Err(Error::PeerVanished),
             };
             if dialed.elapsed() > EARLY_JOIN_WITHIN {
+                // Closed first: the server counts it against this address until it goes.
+                drop(s);
                 s = connector.dialer.open(ch).await?;
             }
             connector.join_opened(&mut s, ch).await?;
