@@ -29,11 +29,13 @@ pub fn read(path: &Path) -> Result<Vec<u8>> {
             "token file {shown} is open to other users (mode {mode:03o}): run chmod 600 {shown}"
         )));
     }
-    let (owner, me) = (meta.uid(), nix::unistd::geteuid().as_raw());
-    if owner != me && owner != 0 {
+    let owner = meta.uid();
+    let sudo_uid = std::env::var("SUDO_UID").ok().and_then(|u| u.parse().ok());
+    if !trusted_owner(owner, nix::unistd::geteuid().as_raw(), sudo_uid) {
         return Err(Error::Usage(format!(
             "token file {shown} belongs to another user (uid {owner}), who can read and change \
-             it: use a token file of your own (hsxfer token new FILE)"
+             it: use a copy of your own, mode 600 (install -m 600 {shown} NEW, run as the user \
+             who runs hsxfer)"
         )));
     }
     let mut token = Vec::new();
@@ -46,6 +48,13 @@ pub fn read(path: &Path) -> Result<Vec<u8>> {
         )));
     }
     Ok(token)
+}
+
+/// Whether a process of effective uid `me` may use a token file owned by `owner`: its own,
+/// root's, or, for root run through sudo, the file of the user who ran sudo (`SUDO_UID`),
+/// who can run hsxfer as root anyway.
+fn trusted_owner(owner: u32, me: u32, sudo_uid: Option<u32>) -> bool {
+    owner == me || owner == 0 || (me == 0 && sudo_uid == Some(owner))
 }
 
 /// A new random token for one session, in hex (what a one-shot server announces).
@@ -148,5 +157,19 @@ mod tests {
         );
         assert!(check_outside(&p, d.path()).is_err());
         assert!(check_outside(&p, &d.path().join("..").join("elsewhere")).is_ok());
+    }
+
+    #[test]
+    fn a_token_file_is_its_users_roots_or_under_sudo_the_invoking_users() {
+        assert!(trusted_owner(1000, 1000, None));
+        assert!(trusted_owner(0, 1000, None));
+        assert!(!trusted_owner(1001, 1000, None));
+        assert!(
+            !trusted_owner(1001, 1000, Some(1001)),
+            "sudo to a user other than root"
+        );
+        assert!(trusted_owner(1000, 0, Some(1000)));
+        assert!(!trusted_owner(1001, 0, Some(1000)));
+        assert!(!trusted_owner(65534, 0, None));
     }
 }
