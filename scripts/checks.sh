@@ -11,8 +11,8 @@ cd "$(dirname "$0")/.."
 # none of its artifacts anyway (lints and docs need metadata only; the wheel is built without
 # the test suite's features).
 export CARGO_TARGET_DIR=target/checks
-# Ends with the script that started it (scripts/test.sh runs this in a session of its own),
-# should that script be killed outright.
+# Ends with the script that started it (scripts/test.sh runs this in a process group of its
+# own), should that script be killed outright.
 parent=$PPID
 (while kill -0 "$parent" 2>/dev/null; do sleep 5; done; kill -- -$$ 2>/dev/null) &
 watchdog=$!
@@ -22,10 +22,10 @@ step() { echo "== $(($(date +%s) - start)) s: $*"; }
 
 step "clippy, every target"
 cargo clippy --release --all-targets --all-features -- -D warnings
-step "clippy, the library alone as a pipeline embeds it (no command line, no lab)"
-cargo clippy --release --lib -- -D warnings
-step "clippy, the Python bindings"
-cargo clippy --release -p hsxfer-python -- -D warnings
+# The library alone, as a pipeline embeds it (no command line, no lab), and the Python
+# bindings over it: one check of the library serves both.
+step "clippy, the library alone and the Python bindings"
+cargo clippy --release --lib -p hsxfer -p hsxfer-python -- -D warnings
 # The documentation builds without a warning, broken links included: the library's as an
 # embedder reads it, then every item's, private ones too, for the next engineer.
 step "docs, the library's"

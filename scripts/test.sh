@@ -23,20 +23,25 @@ cargo test --release --all-targets --all-features --no-run
 checks_log=target/checks.log
 if chrt --idle 0 true 2>/dev/null; then idle=(chrt --idle 0); else idle=(nice -n 19); fi
 set -m # a process group of their own, to end them with
-"${idle[@]}" bash scripts/checks.sh >"$checks_log" 2>&1 &
+"${idle[@]}" bash scripts/checks.sh </dev/null >"$checks_log" 2>&1 &
 checks=$!
 set +m
 trap 'kill -- -"$checks" 2>/dev/null || true' EXIT
 
 # Every test binary runs even when an earlier one fails; any failure still fails the script.
 # Those through emulated paths first, while the checks run; then every other target,
-# including any test file added later.
+# including any test target added later (cargo lists them).
 on_paths=(cc lab netpath tuning)
+test_targets=$(cargo metadata --format-version 1 --no-deps | python3 -c '
+import json, sys
+for p in json.load(sys.stdin)["packages"]:
+    if p["name"] == "hsxfer":
+        print("\n".join(t["name"] for t in p["targets"] if "test" in t["kind"]))')
 others=()
-for file in tests/*.rs; do
-    name=$(basename "$file" .rs)
+for name in $test_targets; do
     [[ " ${on_paths[*]} " == *" $name "* ]] || others+=(--test "$name")
 done
+[ "${#others[@]}" -gt 0 ] || { echo "cargo metadata listed no test targets" >&2; exit 1; }
 tests=0
 cargo test --release --all-features --no-fail-fast $(printf -- '--test %s ' "${on_paths[@]}") ||
     tests=$?
