@@ -34,7 +34,6 @@ use clap::{Args, Parser, Subcommand};
 use hsxfer::channels::control::Policy;
 use hsxfer::channels::oneshot::Announcement;
 use hsxfer::probe::{Direction as ProfileDirection, Fixed};
-use hsxfer::session::admission::SESSIONS_PER_ADDRESS;
 use hsxfer::session::secure::{Security, Trust};
 use hsxfer::session::ssh::{OneShot, SshLaunch};
 use hsxfer::transport::mptcp_pm::PathManagerKind;
@@ -690,12 +689,14 @@ fn server_limits(a: &ServeArgs) -> ServerLimits {
         Some(n) => defaults.with_channels(n),
         None => defaults,
     };
-    let sessions = a.max_sessions.unwrap_or(limits.sessions);
+    let limits = match a.max_sessions {
+        Some(n) => limits.with_sessions(n),
+        None => limits,
+    };
     ServerLimits {
-        sessions,
         sessions_per_address: a
             .max_sessions_per_address
-            .unwrap_or(SESSIONS_PER_ADDRESS.min(sessions)),
+            .unwrap_or(limits.sessions_per_address),
         channels_per_address: a
             .max_channels_per_address
             .unwrap_or(limits.channels_per_address),

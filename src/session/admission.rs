@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
+use super::budget::open_files_limit;
 use crate::channels::busy::{Busy, Cap};
 use crate::channels::limits::MAX_CHANNELS;
 
@@ -57,9 +58,6 @@ pub struct ServerLimits {
     pub block_memory: usize,
 }
 
-/// The default cap on sessions from one address, where the sessions' cap allows.
-pub const SESSIONS_PER_ADDRESS: u32 = 64;
-
 /// Descriptors a server keeps for what is neither a connection nor a file being received:
 /// its listeners, the runtime's, its key file, a log.
 pub const SPARE_DESCRIPTORS: u64 = 32;
@@ -87,6 +85,11 @@ fn connection_caps(descriptors: u64) -> (u32, u32) {
     (sessions, handshakes)
 }
 
+/// 64 sessions from one address, where `total` allows.
+fn sessions_per_address(total: u32) -> u32 {
+    total.min(64)
+}
+
 /// Half of `total` handshakes, but enough for a client of the most channels, which joins all
 /// of them at once, when `total` allows.
 fn handshakes_per_address(total: u32) -> u32 {
@@ -101,10 +104,7 @@ fn channels_per_address(total: u32) -> u32 {
 impl Default for ServerLimits {
     /// [`ServerLimits::for_descriptors`] this process's descriptor limit (`RLIMIT_NOFILE`).
     fn default() -> Self {
-        let descriptors =
-            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
-                .map_or(1024, |(soft, _)| soft);
-        ServerLimits::for_descriptors(descriptors)
+        ServerLimits::for_descriptors(open_files_limit())
     }
 }
 
@@ -138,7 +138,7 @@ impl ServerLimits {
             handshakes,
             handshakes_per_address: handshakes_per_address(handshakes),
             sessions,
-            sessions_per_address: sessions.min(SESSIONS_PER_ADDRESS),
+            sessions_per_address: sessions_per_address(sessions),
             channels,
             channels_per_address,
             handshake_timeout: super::handshake::HANDSHAKE_TIMEOUT,
@@ -169,6 +169,27 @@ impl ServerLimits {
         (wanted > descriptors).then_some(wanted)
     }
 
+    /// These limits with at most `total` sessions at once, and up to 64 of them from one
+    /// address.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use hsxfer::ServerLimits;
+    ///
+    /// let l = ServerLimits::default().with_sessions(1000);
+    /// assert_eq!((l.sessions, l.sessions_per_address), (1000, 64));
+    /// let l = ServerLimits::default().with_sessions(10);
+    /// assert_eq!((l.sessions, l.sessions_per_address), (10, 10));
+    /// ```
+    pub fn with_sessions(self, total: u32) -> Self {
+        ServerLimits {
+            sessions: total,
+            sessions_per_address: sessions_per_address(total),
+            ..self
+        }
+    }
+
     /// These limits with at most `total` data channels at once, and half as many from one
     /// address (one session of the most channels, when `total` allows).
     ///
@@ -194,11 +215,7 @@ impl ServerLimits {
 /// Warns when `limits` and the files being received may hold more descriptors than this
 /// process may open ([`ServerLimits::overcommit`]).
 pub(super) fn warn_of_overcommit(limits: &ServerLimits) {
-    let Ok((descriptors, _)) =
-        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
-    else {
-        return;
-    };
+    let descriptors = open_files_limit();
     if let Some(wanted) = limits.overcommit(descriptors) {
         tracing::warn!(
             "the server's caps and the files it receives may hold {wanted} descriptors, more than its open-files limit of {descriptors}: raise `ulimit -n`, or lower the caps on sessions and channels"

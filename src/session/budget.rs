@@ -38,6 +38,13 @@ pub struct FileBudget {
     capacity: u32,
 }
 
+/// This process's descriptor limit (the soft `RLIMIT_NOFILE`), or the usual 1,024 if it
+/// cannot be read: what the file budget and the server's caps share out.
+pub fn open_files_limit() -> u64 {
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_or(1024, |(soft, _)| soft)
+}
+
 impl FileBudget {
     /// A budget of `slots` files (at least one).
     pub fn with_slots(slots: u64) -> Self {
@@ -51,10 +58,7 @@ impl FileBudget {
     /// Half of this process's descriptor limit (`RLIMIT_NOFILE`, raised to the hard limit at
     /// start) for files: the other half is for connections and everything else.
     pub fn for_this_process() -> Self {
-        let limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
-            .map(|(soft, _)| soft)
-            .unwrap_or(1024);
-        Self::with_slots(limit / 2 / DESCRIPTORS_PER_FILE)
+        Self::with_slots(open_files_limit() / 2 / DESCRIPTORS_PER_FILE)
     }
 
     /// One budget for everything this process receives as a client ([`Self::for_this_process`],
