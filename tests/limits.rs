@@ -360,13 +360,15 @@ async fn fifty_clients_at_once_are_all_served_in_bounded_memory() {
 }
 
 /// A tree of 600 files of three 4 KiB blocks each (so each is journaled while it is
-/// received) in ten directories.
-fn large_tree(src: &std::path::Path) {
+/// received) in ten directories, made as `src` in `dir`; returns its path.
+fn large_tree(dir: &std::path::Path) -> std::path::PathBuf {
+    let src = dir.join("src");
     for i in 0..600 {
         let d = src.join(format!("d{:02}", i % 10));
         std::fs::create_dir_all(&d).unwrap();
         std::fs::write(d.join(format!("f{i:04}")), vec![(i % 251) as u8; 9000 + i]).unwrap();
     }
+    src
 }
 
 /// Pushes `src` to `t0`, `t1`, ... on the server at `port`, `clients` copies at once, two
@@ -400,9 +402,7 @@ async fn push_at_once(src: &std::path::Path, root: &std::path::Path, port: u16, 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_large_trees_share_the_servers_descriptors() {
     let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("src");
-    large_tree(&src);
-    let root = dir.path().join("root");
+    let (src, root) = (large_tree(dir.path()), dir.path().join("root"));
     std::fs::create_dir(&root).unwrap();
     let (_server, port) = limited_server(&root);
     push_at_once(&src, &root, port, 4).await;
@@ -415,9 +415,7 @@ async fn concurrent_large_trees_share_the_servers_descriptors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_beside_large_pushes_leaves_the_server_its_descriptors() {
     let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("src");
-    large_tree(&src);
-    let root = dir.path().join("root");
+    let (src, root) = (large_tree(dir.path()), dir.path().join("root"));
     std::fs::create_dir(&root).unwrap();
     let (_server, port) = limited_server(&root);
     let flood = Flood::start(port, 1100).await;

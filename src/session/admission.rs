@@ -494,18 +494,27 @@ mod tests {
         assert_eq!(a.channels.lock().unwrap().total, 1);
     }
 
-    #[test]
-    fn a_full_server_ends_an_aged_handshake_of_the_busiest_peer_for_a_newcomer() {
-        let a = Admission::new(ServerLimits {
+    /// An admission of 4 handshakes, 3 from one address: small enough to fill by hand.
+    fn four_handshakes_three_per_address() -> Admission {
+        Admission::new(ServerLimits {
             handshakes: 4,
             handshakes_per_address: 3,
             ..ServerLimits::default()
-        });
-        let ip = |last: u8| -> IpAddr { [10, 0, 0, last].into() };
+        })
+    }
+
+    /// The IPv4 address 10.0.0.`last`.
+    fn v4(last: u8) -> IpAddr {
+        [10, 0, 0, last].into()
+    }
+
+    #[test]
+    fn a_full_server_ends_an_aged_handshake_of_the_busiest_peer_for_a_newcomer() {
+        let a = four_handshakes_three_per_address();
         let t0 = Instant::now();
-        let single = a.handshake_at(ip(1), t0).unwrap();
+        let single = a.handshake_at(v4(1), t0).unwrap();
         let t1 = t0 + Duration::from_secs(1);
-        let busy: Vec<Ticket> = (0..3).map(|_| a.handshake_at(ip(2), t1).unwrap()).collect();
+        let busy: Vec<Ticket> = (0..3).map(|_| a.handshake_at(v4(2), t1).unwrap()).collect();
         let full = Busy {
             cap: Cap::Handshakes,
             per_address: false,
@@ -513,12 +522,12 @@ mod tests {
         };
         // None has waited long enough.
         let soon = t0 + MAKE_ROOM_AFTER - Duration::from_millis(1);
-        assert_eq!(a.handshake_at(ip(3), soon).unwrap_err(), full);
+        assert_eq!(a.handshake_at(v4(3), soon).unwrap_err(), full);
         let later = t1 + MAKE_ROOM_AFTER;
         // An address at its own cap takes nobody's place.
-        assert_eq!(a.handshake_at(ip(2), later).unwrap_err(), full);
+        assert_eq!(a.handshake_at(v4(2), later).unwrap_err(), full);
         // The busiest peer's oldest makes room, not the oldest of all.
-        let newcomer = a.handshake_at(ip(3), later).unwrap();
+        let newcomer = a.handshake_at(v4(3), later).unwrap();
         assert!(ready_at_once(busy[0].made_room()));
         assert!(!ready_at_once(single.made_room()));
         assert!(!ready_at_once(newcomer.made_room()));
@@ -528,7 +537,7 @@ mod tests {
             (c.total, c.ending, c.waiting.len())
         };
         assert_eq!(counts(&a), (5, 1, 4));
-        let _next = a.handshake_at(ip(4), later).unwrap();
+        let _next = a.handshake_at(v4(4), later).unwrap();
         assert!(ready_at_once(busy[1].made_room()));
         assert_eq!(counts(&a), (6, 2, 4));
         drop(busy);
@@ -566,55 +575,45 @@ mod tests {
 
     #[test]
     fn a_peer_with_an_aged_handshake_takes_no_place() {
-        let a = Admission::new(ServerLimits {
-            handshakes: 4,
-            handshakes_per_address: 3,
-            ..ServerLimits::default()
-        });
-        let ip = |last: u8| -> IpAddr { [10, 0, 0, last].into() };
+        let a = four_handshakes_three_per_address();
         let t0 = Instant::now();
-        let one: Vec<Ticket> = (0..2).map(|_| a.handshake_at(ip(1), t0).unwrap()).collect();
-        let two: Vec<Ticket> = (0..2).map(|_| a.handshake_at(ip(2), t0).unwrap()).collect();
+        let one: Vec<Ticket> = (0..2).map(|_| a.handshake_at(v4(1), t0).unwrap()).collect();
+        let two: Vec<Ticket> = (0..2).map(|_| a.handshake_at(v4(2), t0).unwrap()).collect();
         let later = t0 + MAKE_ROOM_AFTER;
         // Two peers of a flood, each under its own cap, do not end each other's.
-        assert!(a.handshake_at(ip(1), later).is_err());
-        assert!(a.handshake_at(ip(2), later).is_err());
+        assert!(a.handshake_at(v4(1), later).is_err());
+        assert!(a.handshake_at(v4(2), later).is_err());
         assert!(!ready_at_once(one[0].made_room()) && !ready_at_once(two[0].made_room()));
         // A client takes a place for each of its connections, from the peer holding the most.
-        let _first = a.handshake_at(ip(3), later).unwrap();
+        let _first = a.handshake_at(v4(3), later).unwrap();
         assert!(ready_at_once(one[0].made_room()));
-        let _second = a.handshake_at(ip(3), later).unwrap();
+        let _second = a.handshake_at(v4(3), later).unwrap();
         assert!(ready_at_once(two[0].made_room()));
         assert!(!ready_at_once(one[1].made_room()) && !ready_at_once(two[1].made_room()));
     }
 
     #[test]
     fn a_client_gets_in_beside_a_flood_of_one_handshake_per_address() {
-        let a = Admission::new(ServerLimits {
-            handshakes: 4,
-            handshakes_per_address: 3,
-            ..ServerLimits::default()
-        });
-        let ip = |last: u8| -> IpAddr { [10, 0, 0, last].into() };
+        let a = four_handshakes_three_per_address();
         let t0 = Instant::now();
         let mut flood: Vec<Ticket> = (1..=4)
-            .map(|i| a.handshake_at(ip(i), t0).unwrap())
+            .map(|i| a.handshake_at(v4(i), t0).unwrap())
             .collect();
         let later = t0 + MAKE_ROOM_AFTER;
-        let _client = a.handshake_at(ip(9), later).unwrap();
+        let _client = a.handshake_at(v4(9), later).unwrap();
         assert!(ready_at_once(flood[0].made_room()));
         // The peer whose handshake ended reconnects at once: it takes no other's place,
         // which would start a chain of them, each ending an aged one.
         drop(flood.remove(0));
-        assert!(a.handshake_at(ip(1), later).is_err());
+        assert!(a.handshake_at(v4(1), later).is_err());
         assert!(!ready_at_once(flood[0].made_room()));
         // The client's next connection takes one.
-        let _second = a.handshake_at(ip(9), later).unwrap();
+        let _second = a.handshake_at(v4(9), later).unwrap();
         assert!(ready_at_once(flood[0].made_room()));
         // Once that long has passed, the peer may take a place again.
         drop(flood.remove(0));
         let much_later = later + MAKE_ROOM_AFTER;
-        assert!(a.handshake_at(ip(1), much_later).is_ok());
+        assert!(a.handshake_at(v4(1), much_later).is_ok());
     }
 
     #[test]
