@@ -268,26 +268,19 @@ fn lab_commands_up_addr_exec_status_refuse_and_down() {
     let bad = hsxfer(&["lab", "addr", "sender3", "--name", &lab]);
     assert!(String::from_utf8_lossy(&bad.stderr).contains("has 2 sender(s)"));
 
-    // Sender 2's path has its own delay.
-    let ping = hsxfer(&[
-        "lab",
-        "exec",
-        "sender2",
-        "--name",
-        &lab,
-        "--",
-        "ping",
-        "-c",
-        "5",
-        "-i",
-        "0.05",
-        "10.77.0.2",
-    ]);
-    assert!(ping.status.success());
-    let median = selfcheck::parse_ping_median(&String::from_utf8_lossy(&ping.stdout)).unwrap();
+    // Sender 2's path has its own delay: measured as `lab up`'s self-check measures sender 1's,
+    // again once if the delay element released late meanwhile (a busy host, not the path).
+    let _warm = sender2_ping(&lab, 1);
+    let (mut median, late) = sender2_ping(&lab, 20);
+    let mut measured = format!("{median} ms with {late} late releases");
+    if (median / 20.0 - 1.0).abs() >= RTT_TOLERANCE && late > 0 {
+        let (again, late) = sender2_ping(&lab, 20);
+        measured += &format!(", then {again} ms with {late}");
+        median = again;
+    }
     assert!(
         (median / 20.0 - 1.0).abs() < RTT_TOLERANCE,
-        "sender2 RTT {median} ms"
+        "sender2 RTT: {measured}"
     );
     let failing = hsxfer(&["lab", "exec", "router", "--name", &lab, "--", "false"]);
     assert_eq!(
@@ -324,6 +317,46 @@ fn lab_commands_up_addr_exec_status_refuse_and_down() {
     assert!(String::from_utf8_lossy(&gone.stderr).contains("no lab named"));
     let ns = Command::new("ip").args(["netns", "list"]).output().unwrap();
     assert!(!String::from_utf8_lossy(&ns.stdout).contains(&format!("{lab}-")));
+}
+
+/// Pings the receiver `count` times from sender 2 through `hsxfer lab exec`: the median RTT in
+/// ms, and how many of the delay element's releases were over 1 ms late meanwhile (it
+/// publishes its statistics twice a second, hence the wait).
+fn sender2_ping(lab: &str, count: u32) -> (f64, u64) {
+    let count = count.to_string();
+    let before = late_releases(lab);
+    let ping = hsxfer(&[
+        "lab",
+        "exec",
+        "sender2",
+        "--name",
+        lab,
+        "--",
+        "ping",
+        "-c",
+        &count,
+        "-i",
+        "0.05",
+        "-W",
+        "3",
+        "10.77.0.2",
+    ]);
+    assert!(ping.status.success(), "{ping:?}");
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    let median = selfcheck::parse_ping_median(&String::from_utf8_lossy(&ping.stdout)).unwrap();
+    (median, late_releases(lab).saturating_sub(before))
+}
+
+/// The delay element's releases over 1 ms late so far, from `hsxfer lab status --json`.
+fn late_releases(lab: &str) -> u64 {
+    let status = hsxfer(&["lab", "status", "--json", "--name", lab]);
+    let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    v["counters"]["element"]["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| q["late_over_1ms"].as_u64().unwrap())
+        .sum()
 }
 
 /// Ctrl-C during `lab up` (here in its self-check) removes what it built: its delay element
