@@ -278,7 +278,7 @@ struct TransferArgs {
     /// (autotuning), or SIZE (the SO_SNDBUF/SO_RCVBUF request; the kernel doubles it).
     #[arg(long, value_name = "auto|SIZE|kernel", default_value = "auto", value_parser = parse_buffer)]
     buffer: BufferChoice,
-    /// Bottleneck rate of the path (e.g. 1G, 10Gbit): sizes buffers and automatic pacing.
+    /// Bottleneck rate of the path in bits/s (e.g. 1G, 10Gbit): sizes buffers and automatic pacing.
     #[arg(long, value_name = "RATE", value_parser = units::parse_rate)]
     rate: Option<u64>,
     /// Path RTT to plan for instead of measuring it (e.g. 60ms).

@@ -8,12 +8,26 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 /// Parses a rate in bits per second: a number with an optional decimal suffix K, M, G, T
-/// (powers of 1000), optionally followed by `bit`, `b` or `bps`.
+/// (powers of 1000), optionally followed by `bit`, `b` or `bps`, and `/s` (as printed).
+/// Bytes (`1GB`, `100MiB`) are refused, not read as bits: a copy paced at an eighth of what
+/// was meant would still succeed, only slowly.
 pub fn parse_rate(s: &str) -> Result<u64, String> {
-    let t = s
+    let t = s.trim();
+    let t = t.strip_suffix("/s").unwrap_or(t);
+    if t.ends_with('B') || t.ends_with("Bps") {
+        return Err(format!(
+            "'{s}' is in bytes: rates are in bits per second (1 GB/s is 8G, 100 MB/s is 800M)"
+        ));
+    }
+    let t = t
         .trim_end_matches("bps")
         .trim_end_matches("bit")
         .trim_end_matches('b');
+    if t.ends_with('i') {
+        return Err(format!(
+            "invalid rate '{s}': rates take decimal units (K, M, G, T: powers of 1000)"
+        ));
+    }
     let (num, mult) = split_suffix(t, 1000)?;
     scale(num, mult).ok_or_else(|| format!("invalid rate '{s}' (examples: 500M, 10G, 2.5Gbit)"))
 }
@@ -63,6 +77,7 @@ fn split_suffix(s: &str, base: u64) -> Result<(&str, u64), String> {
 }
 
 fn scale(num: &str, mult: u64) -> Option<u64> {
+    let num = num.trim();
     if let Ok(n) = num.parse::<u64>() {
         return n.checked_mul(mult);
     }
@@ -98,6 +113,12 @@ mod tests {
         assert_eq!(parse_rate("500M"), Ok(500_000_000));
         assert_eq!(parse_rate("2.5Gbit"), Ok(2_500_000_000));
         assert_eq!(parse_rate("100Mbps"), Ok(100_000_000));
+        assert_eq!(parse_rate("9.41 Gbit/s"), Ok(9_410_000_000));
+        for bytes in ["1GB", "100MiB", "1GB/s", "10MBps"] {
+            let e = parse_rate(bytes).unwrap_err();
+            assert!(e.contains("in bytes") && e.contains("8G"), "{bytes}: {e}");
+        }
+        assert!(parse_rate("100Mibit").is_err());
         assert_eq!(fmt_rate(9.41e9), "9.41 Gbit/s");
     }
 
