@@ -436,6 +436,54 @@ fn killed_client_then_rerun_resumes_a_pull() {
     assert_eq!(sha256(&target), want);
 }
 
+/// Ctrl-C on a terminal: the error is the last thing on the screen. The live display was
+/// cleared by the runtime's shutdown after the error was printed, and its cursor moves
+/// erased the error line.
+#[test]
+fn ctrl_c_on_a_terminal_leaves_the_error_on_the_screen() {
+    let root = tempfile::tempdir().unwrap();
+    let src = tempfile::tempdir().unwrap();
+    let file = src.path().join("big");
+    random_file(&file, 200 << 20, 13);
+    let port = free_port();
+    let _server = serve(root.path(), port);
+    let typescript = src.path().join("typescript");
+    let command = format!(
+        "{BIN} copy -n 2 --no-auth --pace 100M --port {port} {} 127.0.0.1:big",
+        file.display()
+    );
+    // `script` gives the copy a terminal, as a user's shell does, and records what it drew.
+    let mut terminal = Command::new("script")
+        .args(["-qfec", &command])
+        .arg(&typescript)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("script (util-linux) runs");
+    wait_for_len(
+        &root.path().join(".big.hsxfer-journal"),
+        JOURNAL_WITH_ONE_RECORD,
+    );
+    let signalled = Command::new("pkill")
+        .args(["-INT", "-f", &format!("^{BIN} copy")])
+        .status()
+        .unwrap();
+    assert!(signalled.success(), "no copy to interrupt");
+    assert_eq!(terminal.wait().unwrap().code(), Some(130));
+    let drawn = fs::read(&typescript).unwrap();
+    let error = b"hsxfer: error: interrupted by SIGINT";
+    let at = drawn
+        .windows(error.len())
+        .position(|w| w == error)
+        .unwrap_or_else(|| panic!("no error in {}", String::from_utf8_lossy(&drawn)));
+    let after = &drawn[at..];
+    assert!(
+        !after.contains(&0x1b),
+        "the display drew over the error: {:?}",
+        String::from_utf8_lossy(after)
+    );
+}
+
 #[test]
 fn json_events_follow_the_documented_schema() {
     let root = tempfile::tempdir().unwrap();

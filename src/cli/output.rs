@@ -130,8 +130,23 @@ impl TraceWriter {
 
 /// The live display, JSON progress events and trace writer of a running transfer.
 pub struct Live {
-    stop: oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    /// Shared with the reporting task, so that a transfer dropped midway (Ctrl-C) clears
+    /// the bars at once: cleared later, by the runtime's shutdown, they erased the error
+    /// printed meanwhile.
+    display: Shown,
+}
+
+/// The terminal display, while it shows.
+type Shown = Arc<std::sync::Mutex<Option<Display>>>;
+
+/// Clears the bars of `shown`, if still there.
+fn clear(shown: &Shown) {
+    let taken = shown.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(d) = taken {
+        d.clear();
+    }
 }
 
 impl Live {
@@ -151,9 +166,12 @@ impl Live {
             None => None,
         };
         let (stop, mut stopped) = oneshot::channel();
+        let shown: Shown = Arc::new(std::sync::Mutex::new(
+            (mode == Mode::Human && std::io::stderr().is_terminal())
+                .then(|| Display::new(live.channel_bytes().len())),
+        ));
+        let display = shown.clone();
         let task = tokio::spawn(async move {
-            let mut display = (mode == Mode::Human && std::io::stderr().is_terminal())
-                .then(|| Display::new(live.channel_bytes().len()));
             let mut tick = tokio::time::interval(interval);
             tick.tick().await;
             // The trace is written at least every second, whatever the interval: what waits
@@ -176,9 +194,7 @@ impl Live {
                     continue;
                 };
                 if finished {
-                    if let Some(d) = display.take() {
-                        d.clear();
-                    }
+                    clear(&display);
                     let dropped = live.telemetry.trace_dropped();
                     if writer.is_some() && dropped > 0 {
                         eprintln!(
@@ -196,7 +212,7 @@ impl Live {
                     .enumerate()
                     .map(|(i, n)| (n - last.1.get(i).copied().unwrap_or(0)) as f64 * 8.0 / dt)
                     .collect();
-                match &mut display {
+                match display.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
                     Some(d) => d.update(&live, &rates),
                     None if mode == Mode::Json => progress_events(&live, &now.1, &rates),
                     None => {}
@@ -204,13 +220,28 @@ impl Live {
                 last = now;
             }
         });
-        Ok(Live { stop, task })
+        Ok(Live {
+            stop: Some(stop),
+            task: Some(task),
+            display: shown,
+        })
     }
 
     /// Stops reporting after writing the remaining trace samples.
-    pub async fn finish(self) -> anyhow::Result<()> {
-        let _ = self.stop.send(());
-        self.task.await.context("live display task")?
+    pub async fn finish(mut self) -> anyhow::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match self.task.take() {
+            Some(task) => task.await.context("live display task")?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        clear(&self.display);
     }
 }
 
