@@ -484,6 +484,26 @@ fn ctrl_c_on_a_terminal_leaves_the_error_on_the_screen() {
     );
 }
 
+/// A server's log, written to a file, carries no terminal colour codes.
+#[test]
+fn a_servers_log_in_a_file_is_plain_text() {
+    let root = tempfile::tempdir().unwrap();
+    let log = root.path().join("log");
+    let port = free_port();
+    common::isolate_profiles();
+    let child = Command::new(BIN)
+        .args(["serve", "--no-auth", "--port", &port.to_string(), "--root"])
+        .arg(root.path())
+        .stderr(fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    wait_listening(port);
+    drop(ServerProc(child));
+    let text = fs::read_to_string(&log).unwrap();
+    assert!(text.contains("serving"), "{text}");
+    assert!(!text.contains('\x1b'), "{text:?}");
+}
+
 #[test]
 fn json_events_follow_the_documented_schema() {
     let root = tempfile::tempdir().unwrap();

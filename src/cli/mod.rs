@@ -27,7 +27,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use std::io::{Read, Write};
+use std::io::{IsTerminal, Read, Write};
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
@@ -551,8 +551,10 @@ pub fn main() -> ExitCode {
         Command::Serve(_) => "info",
         _ => "warn",
     };
+    // Colours only on a terminal: a server's log is mostly a file or a journal.
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("HSXFER_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
