@@ -504,6 +504,57 @@ fn a_servers_log_in_a_file_is_plain_text() {
     assert!(!text.contains('\x1b'), "{text:?}");
 }
 
+/// A transfer that fails still shows its set-up's notes, before the error: here the FIFO a
+/// tree push passed over, in both outputs (the summary that carries them never came).
+#[test]
+fn a_failed_transfer_shows_its_notes_before_the_error() {
+    let root = tempfile::tempdir().unwrap();
+    let src = tempfile::tempdir().unwrap();
+    let tree = src.path().join("tree");
+    fs::create_dir(&tree).unwrap();
+    fs::write(tree.join("f"), b"a file where the server has a directory").unwrap();
+    nix::unistd::mkfifo(
+        &tree.join("p"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    fs::create_dir_all(root.path().join("bad/tree/f")).unwrap();
+    let port = free_port();
+    let _server = serve(root.path(), port);
+    let p = port.to_string();
+    let copy = [
+        "copy",
+        "-r",
+        "--no-auth",
+        "--port",
+        &p,
+        tree.to_str().unwrap(),
+        "127.0.0.1:bad/",
+    ];
+    let human = hsxfer(&copy);
+    let err = String::from_utf8_lossy(&human.stderr);
+    assert!(!human.status.success(), "{err}");
+    let (warning, error) = (
+        err.find("hsxfer: warning: client: not copied"),
+        err.find("hsxfer: error:"),
+    );
+    assert!(warning.is_some() && warning < error, "{err}");
+
+    let json = hsxfer(&[&copy[..], &["--json"]].concat());
+    let events: Vec<serde_json::Value> = String::from_utf8_lossy(&json.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(types.last(), Some(&"error"), "{events:?}");
+    assert!(
+        events.iter().any(
+            |e| e["type"] == "warning" && e["message"].as_str().unwrap().contains("not copied")
+        ),
+        "{events:?}"
+    );
+}
+
 #[test]
 fn json_events_follow_the_documented_schema() {
     let root = tempfile::tempdir().unwrap();

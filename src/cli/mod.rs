@@ -870,7 +870,7 @@ async fn copy(a: CopyArgs) -> anyhow::Result<bool> {
     if let Some(r) = remote {
         r.finish().await;
     }
-    let report = result?;
+    let report = result.inspect_err(|_| warn_of_set_up(mode, &live))?;
     tune::learn(&profiled, &report);
     finish(mode, report)
 }
@@ -907,9 +907,15 @@ async fn bench(a: BenchArgs) -> anyhow::Result<bool> {
     )?;
     let result = client.bench(direction, amount, &live).await;
     display.finish().await?;
-    let report = result?;
+    let report = result.inspect_err(|_| warn_of_set_up(mode, &live))?;
     tune::learn(&profiled, &report);
     finish(mode, report)
+}
+
+/// A failed transfer's set-up notes, shown before its error: the summary that would have
+/// carried them never comes.
+fn warn_of_set_up(mode: Mode, live: &LiveStats) {
+    output::warnings(mode, &live.notes());
 }
 
 fn finish(mode: Mode, r: TransferReport) -> anyhow::Result<bool> {

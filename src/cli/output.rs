@@ -335,15 +335,7 @@ fn progress_events(live: &LiveStats, bytes: &[u64], rates: &[f64]) {
 /// Prints the final summary (and the limits noted during set-up as warnings). The
 /// summary's notes are the warnings' texts, naming flags where the library's name fields.
 pub fn summary(mode: Mode, r: &TransferReport) {
-    let notes: Vec<String> = r.tuning.notes.iter().map(|n| as_flags(n)).collect();
-    for note in &notes {
-        if mode == Mode::Json {
-            emit(&Event::Warning {
-                message: note.clone(),
-            });
-        }
-        eprintln!("hsxfer: warning: {}", printable(note));
-    }
+    let notes = warnings(mode, &r.tuning.notes);
     match mode {
         Mode::Json => {
             let mut shown = r.clone();
@@ -352,6 +344,21 @@ pub fn summary(mode: Mode, r: &TransferReport) {
         }
         Mode::Human => human_summary(r),
     }
+}
+
+/// Prints `notes` as warnings (and `warning` events): the set-up's notes, before the summary
+/// or, when the transfer failed, before the error. Returns their texts as printed.
+pub fn warnings(mode: Mode, notes: &[String]) -> Vec<String> {
+    let notes: Vec<String> = notes.iter().map(|n| as_flags(n)).collect();
+    for note in &notes {
+        if mode == Mode::Json {
+            emit(&Event::Warning {
+                message: note.clone(),
+            });
+        }
+        eprintln!("hsxfer: warning: {}", printable(note));
+    }
+    notes
 }
 
 fn human_summary(r: &TransferReport) {

@@ -3,7 +3,7 @@
 use crate::transport::Transport;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::RwLock;
+use std::sync::{Mutex, RwLock};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -44,6 +44,7 @@ pub struct LiveStats {
     expected: AtomicU64,
     files_done: AtomicU64,
     started: Instant,
+    notes: Mutex<Vec<String>>,
     /// `TCP_INFO` samples, settings in force and loss events of the sending channels.
     pub telemetry: Telemetry,
 }
@@ -63,8 +64,31 @@ impl LiveStats {
             expected: AtomicU64::new(0),
             files_done: AtomicU64::new(0),
             started: Instant::now(),
+            notes: Mutex::new(Vec::new()),
             telemetry: Telemetry::new(channels),
         }
+    }
+
+    /// The set-up's notes so far (limits met, a server key recorded, files passed over): the
+    /// report's `tuning.notes` when the transfer ends, and what a caller can still show when
+    /// it fails.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use hsxfer::LiveStats;
+    ///
+    /// let live = LiveStats::default();
+    /// live.set_notes(&["client: send buffer capped".to_string()]);
+    /// assert_eq!(live.notes(), vec!["client: send buffer capped".to_string()]);
+    /// ```
+    pub fn notes(&self) -> Vec<String> {
+        self.notes.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces the notes with `notes`, the set-up's as they stand.
+    pub fn set_notes(&self, notes: &[String]) {
+        *self.notes.lock().unwrap_or_else(|e| e.into_inner()) = notes.to_vec();
     }
 
     /// Makes room for channels `0..n` (channels opened during the transfer).

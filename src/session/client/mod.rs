@@ -200,6 +200,7 @@ impl Client {
         o.tuning
             .notes
             .extend(passed_over.map(|n| format!("client: {n}")));
+        live.set_notes(&o.tuning.notes);
         self.send(o, source, Some(announced), "push", live).await
     }
 
@@ -234,6 +235,7 @@ impl Client {
             unplanned_files: unplanned,
         };
         let o = self.open(op, false, live, Vec::new()).await?;
+        live.set_notes(&o.tuning.notes);
         self.receive(o, Sink::Files(dest), unplanned, "pull", live)
             .await
     }
@@ -266,6 +268,7 @@ impl Client {
         };
         let upload = direction == BenchDirection::Upload;
         let o = self.open(op, upload, live, Vec::new()).await?;
+        live.set_notes(&o.tuning.notes);
         if upload {
             let limit = bench_limit(bytes, seconds)?;
             let rtt = Duration::from_micros(o.tuning.rtt_us);

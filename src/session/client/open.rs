@@ -118,6 +118,8 @@ impl Client {
             tuner,
         } = prepared;
         report.notes.extend(key_note);
+        // Shown even if the server refuses the request (a key recorded on first contact).
+        live.set_notes(&report.notes);
         let most_channels = tuning.online.as_ref().map_or(n, |o| o.max_channels).max(n);
         let request = opening.request(Request {
             version: PROTOCOL_VERSION,
