@@ -20,9 +20,6 @@ fn bad<T>(what: String) -> Result<T, BadRequest> {
     Err(BadRequest(what))
 }
 
-/// Largest socket buffer a request may name: the kernel takes an `int`.
-const MAX_BUFFER: u64 = i32::MAX as u64;
-
 impl Request {
     /// Checks every field against [`super::limits`].
     ///

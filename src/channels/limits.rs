@@ -87,6 +87,9 @@ pub const MAX_STAGGER: Duration = Duration::from_secs(60);
 /// Largest path RTT a plan may assume: beyond any terrestrial or satellite path.
 pub const MAX_RTT: Duration = Duration::from_secs(10);
 
+/// Largest socket buffer a request may name: the kernel takes an `int`.
+pub const MAX_BUFFER: u64 = i32::MAX as u64;
+
 /// Bounds of the telemetry interval a client may ask a sending server for, milliseconds.
 pub const INTERVAL_MS: std::ops::RangeInclusive<u32> = 10..=60_000;
 

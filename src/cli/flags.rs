@@ -25,6 +25,7 @@ const FLAGS: &[(&str, &str)] = &[
     ("`recursive`", "--recursive"),
     ("`mptcp`", "--mptcp"),
     ("`block_size`", "--block-size"),
+    ("`buffer`", "--buffer"),
     ("`budget`", "--budget"),
     ("`policy`", "--policy"),
     ("`rate`", "--rate"),

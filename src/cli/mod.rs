@@ -339,7 +339,13 @@ impl TransferArgs {
     /// the token options.
     fn options(&self, remote: Option<&OneShot>) -> anyhow::Result<TransferOptions> {
         let block_size = match self.block_size {
-            Some(b) => u32::try_from(b).context("block size too large")?,
+            Some(b) => u32::try_from(b).map_err(|_| {
+                anyhow::anyhow!(
+                    "block size {b} is out of range: use {} to {} bytes",
+                    hsxfer::channels::limits::MIN_BLOCK,
+                    hsxfer::channels::limits::MAX_BLOCK
+                )
+            })?,
             None => hsxfer::tuning::defaults::BLOCK_SIZE,
         };
         let channels = self.channels.unwrap_or(hsxfer::tuning::defaults::CHANNELS);

@@ -261,6 +261,8 @@ impl Client {
             BenchAmount::Bytes(b) => (Some(b), None),
             BenchAmount::Seconds(s) => (None, Some(s)),
         };
+        // Checked before connecting (a download's server would refuse it only after).
+        bench_limit(bytes, seconds)?;
         let op = Operation::Bench {
             direction,
             bytes,

@@ -159,6 +159,31 @@ impl TransferOptions {
                     .into(),
             ));
         }
+        if let PathRate::Given(bps) = self.rate {
+            if bps < MIN_RATE_BPS {
+                return Err(Error::Usage(format!(
+                    "a `rate` of {bps} bit/s is no path's: rates are in bits per second (e.g. \
+                     10G); give the bottleneck's, or none to have it measured"
+                )));
+            }
+        }
+        if let Some(rtt) = self.rtt {
+            if rtt.is_zero() || rtt > limits::MAX_RTT {
+                return Err(Error::Usage(format!(
+                    "an `rtt` of {rtt:?} is out of range: give the path's round-trip time, \
+                     more than 0 and at most {:?} (e.g. 60ms), or none to have it measured",
+                    limits::MAX_RTT
+                )));
+            }
+        }
+        if let BufferChoice::Fixed(b) = self.buffer {
+            if b == 0 || b > limits::MAX_BUFFER {
+                return Err(Error::Usage(format!(
+                    "a `buffer` of {b} bytes is out of range: use 1 to {} bytes, auto or kernel",
+                    limits::MAX_BUFFER
+                )));
+            }
+        }
         if self.pace == PaceChoice::Fixed(0) {
             return Err(Error::Usage(
                 "a `pace` cap under 8 bits/s would stop every channel: give a higher one, or \
@@ -180,6 +205,10 @@ impl TransferOptions {
     }
 }
 
+/// Least `rate` a path is given: a figure below it is a unit mistaken, and its pacing
+/// caps round to nothing.
+const MIN_RATE_BPS: u64 = 1000;
+
 /// How much data a bench moves.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum BenchAmount {
@@ -196,8 +225,12 @@ pub fn bench_limit(bytes: Option<u64>, seconds: Option<f64>) -> Result<BenchLimi
         (None, Some(s)) if s > 0.0 && s <= limits::MAX_BENCH_SECONDS => Ok(BenchLimit::Until(
             Instant::now() + Duration::from_secs_f64(s),
         )),
+        (None, Some(s)) => Err(Error::Usage(format!(
+            "a bench duration of {s} s is out of range: use more than 0 and at most {} s (a day)",
+            limits::MAX_BENCH_SECONDS
+        ))),
         _ => Err(Error::Usage(
-            "bench needs exactly one of a size or a duration of at most a day".into(),
+            "bench needs exactly one of a size or a duration".into(),
         )),
     }
 }
