@@ -38,6 +38,15 @@ fn json_is_one_document_with_the_documented_fields() {
     assert!(summary.contains("1000 Mbit/s × 100 ms"), "{summary}");
     let failed = findings.iter().any(|f| f["status"] == "fail");
     assert_eq!(out.status.code(), Some(if failed { 1 } else { 0 }));
+
+    // Without a rate, the advice names the flags, as the text output does.
+    let out = Command::new(BIN)
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("--rate"), "{text}");
+    assert!(!text.contains("`rate`"), "{text}");
 }
 
 /// A network namespace, deleted when dropped (also when the test fails).

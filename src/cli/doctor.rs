@@ -59,10 +59,21 @@ pub fn doctor(a: DoctorArgs) -> anyhow::Result<bool> {
         host,
     });
     match a.mode() {
-        Mode::Json => outln!(
-            "{}",
-            json!({"type": "doctor", "schema": DOCTOR_SCHEMA, "findings": findings})
-        ),
+        Mode::Json => {
+            // Flags, as the text output names them, not the library's fields.
+            let shown: Vec<Finding> = findings
+                .iter()
+                .map(|f| Finding {
+                    summary: as_flags(&f.summary),
+                    detail: f.detail.as_deref().map(as_flags),
+                    ..f.clone()
+                })
+                .collect();
+            outln!(
+                "{}",
+                json!({"type": "doctor", "schema": DOCTOR_SCHEMA, "findings": shown})
+            )
+        }
         Mode::Human => print_human(&findings),
     }
     Ok(!findings.iter().any(|f| f.status == Status::Fail))
