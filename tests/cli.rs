@@ -464,8 +464,9 @@ fn ctrl_c_on_a_terminal_leaves_the_error_on_the_screen() {
         &root.path().join(".big.hsxfer-journal"),
         JOURNAL_WITH_ONE_RECORD,
     );
+    // This copy alone (its port is its own): other tests' copies run meanwhile.
     let signalled = Command::new("pkill")
-        .args(["-INT", "-f", &format!("^{BIN} copy")])
+        .args(["-INT", "-f", &format!("^{command}")])
         .status()
         .unwrap();
     assert!(signalled.success(), "no copy to interrupt");
