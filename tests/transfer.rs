@@ -1143,3 +1143,71 @@ async fn a_stopping_server_tells_its_clients_and_the_copy_then_resumes() {
     let pull = c.pull(&remote, false, back.to_str().unwrap(), &stats);
     said(stopped_midway(pull, &stats, &stopper).await);
 }
+
+/// A tree holding another transfer's temporary files (an interrupted one's, or one still
+/// running) is copied without them, both ways, and the copy says what it left out; a
+/// temporary file named as the source itself is still refused.
+#[tokio::test]
+async fn temporary_files_inside_a_tree_are_passed_over_with_a_note() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let back = tempfile::tempdir().unwrap();
+    fs::create_dir(root.path().join("ds")).unwrap();
+    random_file(&root.path().join("ds/big.bin"), 100_000, 6);
+    for leftover in [".big.bin.hsxfer-part", ".big.bin.hsxfer-journal"] {
+        fs::write(root.path().join("ds").join(leftover), b"partial").unwrap();
+    }
+    let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
+    let r = client(addr, 2)
+        .pull(
+            &["ds".into()],
+            true,
+            back.path().to_str().unwrap(),
+            &live(2),
+        )
+        .await
+        .unwrap();
+    assert!(r.verified);
+    let names = |d: &std::path::Path| {
+        let mut n: Vec<_> = fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        n.sort();
+        n
+    };
+    assert_eq!(names(&back.path().join("ds")), ["big.bin"]);
+    let note = "server: not copied: 2 temporary files of unfinished transfers (names ending \
+                in .hsxfer-part or .hsxfer-journal): ds/.big.bin.hsxfer-journal, \
+                ds/.big.bin.hsxfer-part";
+    assert!(
+        r.tuning.notes.iter().any(|n| n == note),
+        "{:?}",
+        r.tuning.notes
+    );
+
+    // A local tree holding an interrupted pull's part file.
+    let local = src.path().join("local");
+    fs::create_dir(&local).unwrap();
+    fs::write(local.join("a"), b"a").unwrap();
+    fs::write(local.join(".b.hsxfer-part"), b"partial").unwrap();
+    let r = client(addr, 2)
+        .push(std::slice::from_ref(&local), true, "pushed", &live(2))
+        .await
+        .unwrap();
+    assert!(r.verified);
+    assert_eq!(names(&root.path().join("pushed")), ["a"]);
+    let note = "client: not copied: 1 temporary file of an unfinished transfer (names ending \
+                in .hsxfer-part or .hsxfer-journal): local/.b.hsxfer-part";
+    assert!(
+        r.tuning.notes.iter().any(|n| n == note),
+        "{:?}",
+        r.tuning.notes
+    );
+    let e = client(addr, 2)
+        .push(&[local.join(".b.hsxfer-part")], false, "x", &live(2))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("hsxfer's temporary files"), "{e}");
+}

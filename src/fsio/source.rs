@@ -113,6 +113,9 @@ pub struct SourceTree {
     /// Entries inside trees that were passed over (symlinks, sockets, devices), by their
     /// names in the manifest.
     pub passed_over: Vec<String>,
+    /// Temporary files of other transfers inside trees (an interrupted one's, or one still
+    /// writing there), passed over too: a tree is copied without them, not refused.
+    pub unfinished: Vec<String>,
 }
 
 impl SourceTree {
@@ -211,13 +214,14 @@ impl SourceTree {
             let Ok(cname) = n.to_str() else {
                 return Err(SourceError::NotUtf8(cpath.display().to_string()));
             };
+            let crel = format!("{rel}/{cname}");
             if is_reserved_name(cname) {
-                return Err(SourceError::Reserved(cpath.display().to_string()));
+                self.unfinished.push(crel);
+                continue;
             }
             let Some(cst) = at::stat(&listing, cname).map_err(io_err(&cpath))? else {
                 return Err(SourceError::Missing(cpath.display().to_string()));
             };
-            let crel = format!("{rel}/{cname}");
             if at::is_dir(&cst) {
                 let d = at::open(&listing, cname, OFlag::O_RDONLY | OFlag::O_DIRECTORY, 0)
                     .map_err(io_err(&cpath))?;
@@ -258,28 +262,35 @@ impl SourceTree {
         }
     }
 
-    /// One line saying what the walk passed over (the first names, and how many more), for
-    /// the copy's warnings; `None` when it passed over nothing. A tree copied without some of
-    /// its entries must say so, whichever end walked it.
+    /// One line saying what the walk passed over (the first names of each kind, and how many
+    /// more), for the copy's warnings; `None` when it passed over nothing. A tree copied
+    /// without some of its entries must say so, whichever end walked it.
     pub fn passed_over_note(&self) -> Option<String> {
-        const NAMED: usize = 5;
-        let n = self.passed_over.len();
-        let first = self.passed_over.iter().take(NAMED).cloned();
-        let mut names = first.collect::<Vec<_>>().join(", ");
-        if n > NAMED {
-            names.push_str(&format!(" and {} more", n - NAMED));
-        }
-        (n > 0).then(|| {
+        let special = (!self.passed_over.is_empty()).then(|| {
             format!(
-                "not copied: {n} {} (symlinks inside a tree are not followed; sockets, FIFOs \
-                 and devices are not copied): {names}",
-                if n == 1 {
-                    "entry that is neither a file nor a directory"
-                } else {
+                "{} (symlinks inside a tree are not followed; sockets, FIFOs and devices are \
+                 not copied): {}",
+                counted(
+                    self.passed_over.len(),
+                    "entry that is neither a file nor a directory",
                     "entries that are neither files nor directories"
-                }
+                ),
+                first_names(&self.passed_over)
             )
-        })
+        });
+        let unfinished = (!self.unfinished.is_empty()).then(|| {
+            format!(
+                "{} (names ending in .hsxfer-part or .hsxfer-journal): {}",
+                counted(
+                    self.unfinished.len(),
+                    "temporary file of an unfinished transfer",
+                    "temporary files of unfinished transfers"
+                ),
+                first_names(&self.unfinished)
+            )
+        });
+        let parts: Vec<String> = special.into_iter().chain(unfinished).collect();
+        (!parts.is_empty()).then(|| format!("not copied: {}", parts.join("; ")))
     }
 
     /// Total bytes of all files.
@@ -292,6 +303,26 @@ impl SourceTree {
             })
             .sum()
     }
+}
+
+/// `n` and what it counts, in the singular or the plural.
+fn counted(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// The first names of `names`, and how many more there are.
+fn first_names(names: &[String]) -> String {
+    const NAMED: usize = 5;
+    let mut listed = names
+        .iter()
+        .take(NAMED)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > NAMED {
+        listed.push_str(&format!(" and {} more", names.len() - NAMED));
+    }
+    listed
 }
 
 fn top_level_name(src: &Path) -> Result<String, SourceError> {
@@ -444,6 +475,34 @@ mod tests {
         read_block(a, 1, 2, &mut buf).unwrap();
         assert_eq!(buf, b"bc");
         assert!(read_block(a, 2, 2, &mut buf).is_err());
+    }
+
+    /// Another transfer's temporary files inside a tree are left out, and said to be, beside
+    /// what else was passed over; one named as the source itself is refused.
+    #[test]
+    fn temporary_files_inside_a_tree_are_passed_over_and_noted() {
+        let t = tempfile::tempdir().unwrap();
+        let top = t.path().join("top");
+        fs::create_dir_all(top.join("sub")).unwrap();
+        fs::write(top.join("sub/a"), b"abc").unwrap();
+        fs::write(top.join("sub/.a.hsxfer-part"), b"ab").unwrap();
+        fs::write(top.join(".b.hsxfer-journal"), b"").unwrap();
+        std::os::unix::fs::symlink("sub", top.join("link")).unwrap();
+        let tree = SourceTree::walk(&Scope::Local, std::slice::from_ref(&top), true).unwrap();
+        let paths: Vec<_> = tree.entries.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(paths, ["top", "top/sub", "top/sub/a"]);
+        assert_eq!(
+            tree.passed_over_note().unwrap(),
+            "not copied: 1 entry that is neither a file nor a directory (symlinks inside a tree \
+             are not followed; sockets, FIFOs and devices are not copied): top/link; 2 \
+             temporary files of unfinished transfers (names ending in .hsxfer-part or \
+             .hsxfer-journal): top/.b.hsxfer-journal, top/sub/.a.hsxfer-part"
+        );
+        let part = top.join("sub/.a.hsxfer-part");
+        assert!(matches!(
+            SourceTree::walk(&Scope::Local, &[part], false),
+            Err(SourceError::Reserved(_))
+        ));
     }
 
     #[test]
