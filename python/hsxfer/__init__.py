@@ -26,7 +26,9 @@ command line; bad arguments raise :class:`ValueError`. :class:`TransientError` (
 :class:`BusyError`) says that the same call made again later may succeed, and resumes where
 this one stopped: the server was busy or stopping, the connection dropped, or a step timed
 out. A retry loop catches that one; the others need something changed first, except that a
-server being restarted refuses connections for a while (:class:`ConnectError`).
+server being restarted refuses connections for a while (:class:`ConnectError`). A transfer
+that fails first issues, as warnings, the notes its report would have carried (entries of a
+tree passed over, limits met, a server key recorded).
 """
 
 from __future__ import annotations

@@ -337,11 +337,16 @@ where
         warnings.push(e.to_string());
     }
     live.ensure_channels(opts.channels as usize);
-    let report = run(Client::new(&host, opts), live).await;
-    if let Ok(report) = &report {
-        if let Err(e) = profiled.learn(report) {
-            warnings.push(e.to_string());
+    let report = run(Client::new(&host, opts), live.clone()).await;
+    match &report {
+        Ok(report) => {
+            if let Err(e) = profiled.learn(report) {
+                warnings.push(e.to_string());
+            }
         }
+        // The set-up's notes, which a report would have carried (files passed over, limits
+        // met, a server key recorded).
+        Err(_) => warnings.extend(live.notes()),
     }
     Ok((report, warnings))
 }

@@ -144,6 +144,19 @@ def test_warnings_are_issued_when_the_transfer_then_fails(served, own_profiles, 
                         token_file=other)
 
 
+def test_a_failed_transfer_warns_of_what_its_report_would_have_noted(served, tmp_path):
+    server, root, token = served
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "f").write_bytes(b"a file where the server has a directory")
+    os.mkfifo(tree / "p")
+    (root / "bad" / "tree" / "f").mkdir(parents=True)
+    with pytest.warns(UserWarning, match="not copied"):
+        with pytest.raises(hsxfer.Error, match="cannot overwrite directory"):
+            hsxfer.push(str(tree), remote(server, "bad/"), recursive=True, port=server.port,
+                        token_file=token)
+
+
 def test_messages_name_python_keywords_not_rust_items(tmp_path):
     random_file(tmp_path / "one", 1000)
     with hsxfer.Server(tmp_path) as s:
