@@ -1052,3 +1052,71 @@ async fn a_relay_that_rewrites_control_messages_is_caught() {
     assert!(r.verified && !r.encrypted);
     assert!(root.path().join("other").exists());
 }
+
+/// A server writes only files and directories under its root: a push onto a FIFO or, when
+/// run as root (as CI does), a block device there is refused, and the node stays.
+#[tokio::test]
+async fn a_push_onto_a_device_or_fifo_under_the_root_is_refused() {
+    use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+    use std::os::unix::fs::FileTypeExt;
+    let (root, src, addr) = server_and_a_file().await;
+    let mut nodes = vec![("fifo", SFlag::S_IFIFO)];
+    if nix::unistd::geteuid().is_root() {
+        nodes.push(("blk", SFlag::S_IFBLK));
+    } else {
+        eprintln!("SKIPPED a push onto a block device: making one needs root (CI runs as root)");
+    }
+    for (name, kind) in nodes {
+        let node = root.path().join(name);
+        mknod(
+            &node,
+            kind,
+            Mode::from_bits_truncate(0o600),
+            makedev(7, 200),
+        )
+        .unwrap();
+        let e = client(addr, 2)
+            .push(&[src.path().join("f")], false, name, &live(2))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!(
+                "'{name}' is a device or FIFO: a server writes only files and directories"
+            )),
+            "{e}"
+        );
+        let t = fs::symlink_metadata(&node).unwrap().file_type();
+        assert!(t.is_fifo() || t.is_block_device(), "{name}: {t:?}");
+    }
+}
+
+/// A destination that ends in `/` names a directory, as `cp` takes it: a file of that name
+/// is refused, not replaced, on the server and by a pulling client.
+#[tokio::test]
+async fn a_destination_ending_in_a_slash_never_replaces_a_file() {
+    let (root, src, addr) = server_and_a_file().await;
+    fs::write(root.path().join("notes.txt"), b"keep").unwrap();
+    let e = client(addr, 2)
+        .push(&[src.path().join("f")], false, "notes.txt/", &live(2))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("target 'notes.txt/' is not a directory"), "{e}");
+    assert_eq!(fs::read(root.path().join("notes.txt")).unwrap(), b"keep");
+
+    fs::copy(src.path().join("f"), root.path().join("f")).unwrap();
+    let here = src.path().join("notes.txt");
+    fs::write(&here, b"keep").unwrap();
+    let dst = format!("{}/", here.display());
+    let e = client(addr, 2)
+        .pull(&["f".into()], false, &dst, &live(2))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!("target '{dst}' is not a directory")),
+        "{e}"
+    );
+    assert_eq!(fs::read(&here).unwrap(), b"keep");
+}

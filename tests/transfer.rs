@@ -1144,6 +1144,134 @@ async fn a_stopping_server_tells_its_clients_and_the_copy_then_resumes() {
     said(stopped_midway(pull, &stats, &stopper).await);
 }
 
+/// Run as root (as CI does): a pull onto a block device writes into the device, as `cp`
+/// does, and never puts a regular file in place of its node. The node has a loop device's
+/// number with nothing attached; the file pulled is empty, so no byte reaches whatever
+/// device that number may stand for on another machine.
+#[tokio::test]
+async fn a_pull_onto_a_block_device_keeps_the_device_node() {
+    use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!(
+            "SKIPPED a pull onto a block device: making a device node needs root (CI runs as root)"
+        );
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    fs::write(root.path().join("empty"), b"").unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let blk = out.path().join("blk");
+    let dev = makedev(7, 200);
+    mknod(&blk, SFlag::S_IFBLK, Mode::from_bits_truncate(0o600), dev).unwrap();
+    let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
+    let r = client(addr, 2)
+        .pull(&["empty".into()], false, blk.to_str().unwrap(), &live(2))
+        .await
+        .unwrap();
+    assert!(r.verified);
+    let m = fs::symlink_metadata(&blk).unwrap();
+    assert!(m.file_type().is_block_device(), "{:?}", m.file_type());
+    assert_eq!(m.rdev(), dev);
+    assert_eq!(
+        fs::read_dir(out.path()).unwrap().count(),
+        1,
+        "nothing beside it"
+    );
+}
+
+/// Pulls `f` into this process's descriptor `fd`, named as `/proc/self/fd/N`.
+async fn pull_into_descriptor(addr: std::net::SocketAddr, fd: std::os::fd::RawFd) {
+    let r = client(addr, 4)
+        .pull(
+            &["f".into()],
+            false,
+            &format!("/proc/self/fd/{fd}"),
+            &live(4),
+        )
+        .await
+        .unwrap();
+    assert!(r.verified);
+}
+
+/// A pull into one of this process's descriptors (`/dev/stdout`, `/proc/self/fd/N`) writes
+/// through that descriptor from where the shell left it: after what an appending one holds
+/// (`>> out.bin`), from its offset (`{ echo HEADER; hsxfer ...; echo TRAILER; } > f`), and
+/// in order down a socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_into_a_descriptor_writes_where_the_descriptor_points() {
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    let root = tempfile::tempdir().unwrap();
+    random_file(&root.path().join("f"), (13 << 20) + 77, 5);
+    let want = fs::read(root.path().join("f")).unwrap();
+    let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+
+    let appended = dir.path().join("appended");
+    fs::write(&appended, b"EARLIER\n").unwrap();
+    let f = fs::OpenOptions::new().append(true).open(&appended).unwrap();
+    pull_into_descriptor(addr, f.as_raw_fd()).await;
+    assert!(fs::read(&appended).unwrap() == [&b"EARLIER\n"[..], &want].concat());
+
+    let framed = dir.path().join("framed");
+    let mut f = fs::File::create(&framed).unwrap();
+    f.write_all(b"HEADER\n").unwrap();
+    pull_into_descriptor(addr, f.as_raw_fd()).await;
+    f.write_all(b"TRAILER\n").unwrap();
+    let framed = fs::read(&framed).unwrap();
+    assert!(framed == [&b"HEADER\n"[..], &want, b"TRAILER\n"].concat());
+
+    let (socket, mut peer) = std::os::unix::net::UnixStream::pair().unwrap();
+    let len = want.len();
+    let reader = std::thread::spawn(move || {
+        let mut got = vec![0; len];
+        peer.read_exact(&mut got).map(|()| got)
+    });
+    pull_into_descriptor(addr, socket.as_raw_fd()).await;
+    assert!(reader.join().unwrap().unwrap() == want);
+}
+
+/// A re-run gives a file it skips (same size and mtime) the mode its source has now, both
+/// ways: a file locked down at the source (`chmod 600`) does not stay readable by all at the
+/// destination.
+#[tokio::test]
+async fn a_rerun_gives_a_skipped_file_its_sources_mode() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let back = tempfile::tempdir().unwrap();
+    let f = src.path().join("f");
+    random_file(&f, 100_000, 4);
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o644)).unwrap();
+    let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
+    let pulled = back.path().join("f");
+    let (pulled_to, remote) = (pulled.to_str().unwrap(), ["f".to_string()]);
+    let mode = |p: &std::path::Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    client(addr, 2)
+        .push(std::slice::from_ref(&f), false, "f", &live(2))
+        .await
+        .unwrap();
+    client(addr, 2)
+        .pull(&remote, false, pulled_to, &live(2))
+        .await
+        .unwrap();
+    assert_eq!(mode(&pulled), 0o644);
+
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o600)).unwrap();
+    let r = client(addr, 2)
+        .push(std::slice::from_ref(&f), false, "f", &live(2))
+        .await
+        .unwrap();
+    assert_eq!((r.files_skipped, r.bytes), (1, 0));
+    assert_eq!(mode(&root.path().join("f")), 0o600);
+    let r = client(addr, 2)
+        .pull(&remote, false, pulled_to, &live(2))
+        .await
+        .unwrap();
+    assert_eq!((r.files_skipped, r.bytes), (1, 0));
+    assert_eq!(mode(&pulled), 0o600);
+}
+
 /// A tree holding another transfer's temporary files (an interrupted one's, or one still
 /// running) is copied without them, both ways, and the copy says what it left out; a
 /// temporary file named as the source itself is still refused.

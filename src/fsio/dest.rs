@@ -3,12 +3,15 @@
 //! - `DST` is an existing directory (or several sources were given): each source lands
 //!   inside it, under its own name.
 //! - otherwise the single source is written *as* `DST` (a new name, or a file replaced).
-//! - `DST` is an existing character device or FIFO (e.g. `/dev/null`), or names one of this
+//! - `DST` is an existing device or FIFO (e.g. `/dev/null`, a disk), or names one of this
 //!   process's open descriptors (`/dev/stdout`, `/dev/fd/N`, `/proc/self/fd/N`): the single
-//!   file's bytes are written straight into it, with no temporary name.
+//!   file's bytes are written straight into it, with no temporary name. A server writes only
+//!   files and directories: a device or FIFO under its root is refused, never replaced.
+//! - `DST` ends in `/`: it must be a directory (`cp` says the same).
 
 use std::fs;
 use std::io;
+use std::os::fd::RawFd;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
@@ -42,6 +45,9 @@ pub enum DestError {
     /// destination empty and let the server send before planning.
     #[error("'{0}' appeared at the destination while the pull was starting (is another copy writing there?): run the copy again")]
     AppearedMeanwhile(String),
+    /// A device or FIFO under a server's root.
+    #[error("'{0}' is a device or FIFO: a server writes only files and directories under its root, and does not replace this one either: copy to another name")]
+    DeviceOnServer(String),
     /// A device, FIFO or descriptor target takes exactly one file.
     #[error("'{0}' is a device, FIFO or open descriptor: it takes exactly one file")]
     StreamNeedsOneFile(String),
@@ -74,7 +80,7 @@ pub enum Layout {
         /// New name of the top-level source.
         name: String,
     },
-    /// Bytes go straight into this device or FIFO.
+    /// Bytes go straight into this device, FIFO or descriptor.
     Stream(PathBuf),
 }
 
@@ -144,15 +150,15 @@ impl Destination {
     /// Resolves `dst` for `sources` top-level sources within `scope`.
     pub fn resolve(scope: Scope, dst: &str, sources: u32) -> Result<Self, DestError> {
         let p = scope.resolve(dst)?;
-        let stream = |m: &fs::Metadata| {
-            m.file_type().is_char_device()
-                || m.file_type().is_fifo()
-                || (matches!(scope, Scope::Local) && names_a_descriptor(&p))
-        };
+        let local = matches!(scope, Scope::Local);
+        // A confined path has lost its trailing slash (`check_relative`), a local one has not.
+        let wants_dir = dst.ends_with('/');
         let layout = match fs::metadata(&p) {
             Ok(m) if m.is_dir() => Layout::Into(p),
-            Ok(m) if stream(&m) => {
-                if sources != 1 || matches!(scope, Scope::Confined(_)) {
+            Ok(_) if wants_dir => return Err(DestError::NotADirectory(dst.into())),
+            Ok(m) if is_device(&m) && !local => return Err(DestError::DeviceOnServer(dst.into())),
+            Ok(m) if is_device(&m) || (local && names_a_descriptor(&p)) => {
+                if sources != 1 {
                     return Err(DestError::StreamNeedsOneFile(dst.into()));
                 }
                 Layout::Stream(p)
@@ -160,10 +166,13 @@ impl Destination {
             Ok(_) | Err(_) if sources > 1 => return Err(DestError::NotADirectory(dst.into())),
             Ok(_) => rename_layout(&p, dst)?,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                if dst.ends_with('/') {
+                if wants_dir {
                     return Err(DestError::NoParent(dst.into()));
                 }
                 rename_layout(&p, dst)?
+            }
+            Err(e) if wants_dir && e.raw_os_error() == Some(libc::ENOTDIR) => {
+                return Err(DestError::NotADirectory(dst.into()))
             }
             Err(e) => return Err(io_err(&p)(e)),
         };
@@ -270,26 +279,39 @@ impl Destination {
     }
 }
 
+/// True for a device or FIFO: what is written there goes into it, and it is never replaced.
+/// A block device (a disk, a partition) is written at the blocks' offsets, as `dd` would.
+fn is_device(m: &fs::Metadata) -> bool {
+    let t = m.file_type();
+    t.is_char_device() || t.is_block_device() || t.is_fifo()
+}
+
 /// True for a path that leads, through symbolic links, to one of this process's open
 /// descriptors (`/dev/stdout` is a link to `/proc/self/fd/1`). Writing there writes to what
 /// the descriptor is open on (`> out.bin`); putting a file in its place instead would
 /// replace the link itself.
 fn names_a_descriptor(p: &Path) -> bool {
+    descriptor_named(p).is_some()
+}
+
+/// The number of this process's descriptor that `p` leads to through symbolic links
+/// (`/dev/stdout`: 1), if it does.
+pub(crate) fn descriptor_named(p: &Path) -> Option<RawFd> {
     let own = Path::new("/proc")
         .join(std::process::id().to_string())
         .join("fd");
     let mut p = p.to_path_buf();
     // The kernel follows at most 40 links in a path.
     for _ in 0..40 {
-        if p.starts_with("/proc/self/fd") || p.starts_with("/dev/fd") || p.starts_with(&own) {
-            return true;
+        for dir in [Path::new("/proc/self/fd"), Path::new("/dev/fd"), &own] {
+            if let Ok(rest) = p.strip_prefix(dir) {
+                return rest.to_str()?.parse().ok();
+            }
         }
-        match fs::read_link(&p) {
-            Ok(next) => p = p.parent().map_or(next.clone(), |dir| dir.join(next)),
-            Err(_) => return false,
-        }
+        let next = fs::read_link(&p).ok()?;
+        p = p.parent().map_or(next.clone(), |dir| dir.join(next));
     }
-    false
+    None
 }
 
 fn rename_layout(p: &Path, dst: &str) -> Result<Layout, DestError> {
@@ -382,6 +404,56 @@ mod tests {
         let link = format!("{}/link", t.path().display());
         let d = Destination::resolve(Scope::Local, &link, 1).unwrap();
         assert!(matches!(d.layout, Layout::Rename { .. }));
+    }
+
+    /// A destination ending in `/` must be a directory: a file of that name is refused, not
+    /// replaced (confined paths lose the slash on the way, local ones do not).
+    #[test]
+    fn a_destination_ending_in_a_slash_is_a_directory_or_refused() {
+        let t = tempfile::tempdir().unwrap();
+        fs::write(t.path().join("file"), b"x").unwrap();
+        fs::create_dir(t.path().join("dir")).unwrap();
+        let confined = Scope::confined(t.path()).unwrap();
+        let local_file = format!("{}/file/", t.path().display());
+        for (scope, dst) in [(confined.clone(), "file/"), (Scope::Local, &local_file)] {
+            let e = Destination::resolve(scope, dst, 1).unwrap_err();
+            assert!(matches!(e, DestError::NotADirectory(_)), "{dst}: {e}");
+        }
+        let into = Destination::resolve(confined.clone(), "dir/", 1).unwrap();
+        assert!(matches!(into.layout, Layout::Into(_)));
+        assert!(matches!(
+            Destination::resolve(confined, "new/", 1),
+            Err(DestError::NoParent(_))
+        ));
+    }
+
+    /// A device or FIFO is written into by a local copy and refused under a server's root;
+    /// neither is ever replaced. A block device needs root (as CI runs) to make.
+    #[test]
+    fn devices_are_streams_here_and_refused_on_a_server() {
+        use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+        let t = tempfile::tempdir().unwrap();
+        let mut nodes = vec![("fifo", SFlag::S_IFIFO)];
+        if nix::unistd::geteuid().is_root() {
+            nodes.push(("blk", SFlag::S_IFBLK));
+        } else {
+            eprintln!("SKIPPED a block device target: making one needs root (CI runs as root)");
+        }
+        let confined = Scope::confined(t.path()).unwrap();
+        for (name, kind) in nodes {
+            let node = t.path().join(name);
+            mknod(
+                &node,
+                kind,
+                Mode::from_bits_truncate(0o600),
+                makedev(7, 200),
+            )
+            .unwrap();
+            let here = Destination::resolve(Scope::Local, node.to_str().unwrap(), 1).unwrap();
+            assert!(matches!(here.layout, Layout::Stream(_)), "{name}");
+            let e = Destination::resolve(confined.clone(), name, 1).unwrap_err();
+            assert!(matches!(e, DestError::DeviceOnServer(_)), "{name}: {e}");
+        }
     }
 
     /// A pull may skip its plans only where nothing could be skipped or resumed.

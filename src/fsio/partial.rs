@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions, Permissions};
 use std::io::{self, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -27,7 +27,8 @@ use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use nix::fcntl::OFlag;
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
+use nix::sys::stat::FileStat;
 
 use super::direct::{DirectWriter, DIRECT_MIN_BYTES};
 use super::root::Scope;
@@ -359,7 +360,8 @@ pub fn prepare_in(
         Some(m)
             if at::is_file(m)
                 && m.st_size as u64 == meta.size
-                && at::mtime_ns(m) == meta.mtime_ns =>
+                && at::mtime_ns(m) == meta.mtime_ns
+                && give_mode(dir, &place.name, m, meta.mode)? =>
         {
             remove_leftovers(dir, &place);
             return Ok(Prepared::Skip);
@@ -463,6 +465,35 @@ pub fn prepare_in(
         }),
         have,
     })
+}
+
+/// Gives the unchanged file `name` in `dir` (its status `st`) the sender's mode (masked, see
+/// [`super::masked_mode`]), as every run does for directories: a file locked down at the
+/// source (`chmod 600`) is locked down here by the next run, which skips it. True once it has
+/// that mode. False where the mode cannot be changed in place, and the file is then sent
+/// again, its commit giving the name a new file: one with other names, which a change would
+/// reach too (a hard link planted to another of this user's files), one that is no longer
+/// the file looked at, or one this user may not open or change.
+fn give_mode(dir: &File, name: &str, st: &FileStat, mode: u32) -> io::Result<bool> {
+    let mode = super::masked_mode(mode);
+    if st.st_mode & 0o7777 == mode {
+        return Ok(true);
+    }
+    if st.st_nlink != 1 {
+        return Ok(false);
+    }
+    let changed = at::open(dir, name, OFlag::O_RDONLY | OFlag::O_NONBLOCK, 0).and_then(|f| {
+        let now = at::fstat(&f)?;
+        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) {
+            return Ok(false);
+        }
+        f.set_permissions(Permissions::from_mode(mode))?;
+        Ok(true)
+    });
+    match changed {
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => Ok(false),
+        other => other,
+    }
 }
 
 /// A new journal under `name` in `dir`, holding only `header`. The one the name held is
@@ -916,25 +947,37 @@ impl Drop for PartialFile {
     }
 }
 
-/// A device or FIFO target. Seekable ones (`/dev/null`, block devices) take positioned
-/// writes in any order; others (FIFOs, terminals) get the bytes in file order, with blocks
-/// that arrive early held (copied) until their turn.
+/// A device, FIFO or descriptor target. Seekable ones (`/dev/null`, block devices, the file
+/// stdout was redirected to) take positioned writes in any order; others (FIFOs, terminals,
+/// pipes, sockets, and files open for appending, where Linux puts a positioned write at the
+/// end whatever its offset) get the bytes in file order, with blocks that arrive early held
+/// (copied) until their turn.
 pub struct StreamSink {
     file: File,
-    seekable: bool,
+    /// Where a seekable target's byte 0 goes (the offset it was at); `None` for one written
+    /// in order.
+    base: Option<u64>,
+    /// For a seekable target, the end of the furthest block written (from `base`).
+    end: u64,
     next: u64,
     held: BTreeMap<u64, Vec<u8>>,
     held_bytes: u64,
 }
 
 impl StreamSink {
-    /// Opens `path` for writing.
+    /// Opens `path` for writing. A path to one of this process's descriptors (`/dev/stdout`,
+    /// `/proc/self/fd/N`) is that descriptor, duplicated: the bytes go where it points (after
+    /// what the shell wrote there, or to a socket), which opening the path again would not
+    /// do (it starts at offset 0, without `O_APPEND`, and a socket cannot be opened).
     pub fn open(path: &Path) -> io::Result<Self> {
-        let mut file = OpenOptions::new().write(true).open(path)?;
-        let seekable = io::Seek::stream_position(&mut file).is_ok();
+        let file = match super::dest::descriptor_named(path) {
+            Some(fd) => duplicate(fd)?,
+            None => OpenOptions::new().write(true).open(path)?,
+        };
         Ok(StreamSink {
+            base: positioned_from(&file)?,
             file,
-            seekable,
+            end: 0,
             next: 0,
             held: BTreeMap::new(),
             held_bytes: 0,
@@ -943,8 +986,8 @@ impl StreamSink {
 
     /// Accepts the block at `offset`, writing everything that can be written now.
     pub fn write_block(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
-        if self.seekable {
-            return self.file.write_all_at(data, offset);
+        if let Some(base) = self.base {
+            return self.write_at(base, offset, data);
         }
         if offset != self.next {
             if let Some(old) = self.held.insert(offset, data.to_vec()) {
@@ -963,6 +1006,16 @@ impl StreamSink {
         Ok(())
     }
 
+    /// Writes a block of a seekable target at `base` + `offset`, and leaves the target's
+    /// offset past the furthest byte written: a descriptor is shared with the shell, whose
+    /// next command (`echo TRAILER`) writes on from there.
+    fn write_at(&mut self, base: u64, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.file.write_all_at(data, base + offset)?;
+        self.end = self.end.max(offset + data.len() as u64);
+        io::Seek::seek(&mut self.file, io::SeekFrom::Start(base + self.end))?;
+        Ok(())
+    }
+
     /// The offset of the first byte not written yet (for a seekable target, always 0: it
     /// takes blocks in any order).
     pub fn next_offset(&self) -> u64 {
@@ -973,6 +1026,23 @@ impl StreamSink {
     pub fn held_bytes(&self) -> u64 {
         self.held_bytes
     }
+}
+
+/// A duplicate of this process's descriptor `fd` (close-on-exec, as every file here is).
+fn duplicate(fd: RawFd) -> io::Result<File> {
+    let new = fcntl(fd, FcntlArg::F_DUPFD_CLOEXEC(0))?;
+    // SAFETY: fcntl returned a new descriptor that nothing else owns.
+    Ok(unsafe { File::from_raw_fd(new) })
+}
+
+/// The offset positioned writes into `file` start from: where it is now; `None` where they
+/// cannot be used: no offset (a pipe, socket or terminal), or `O_APPEND`.
+fn positioned_from(file: &File) -> io::Result<Option<u64>> {
+    let flags = OFlag::from_bits_truncate(fcntl(file.as_raw_fd(), FcntlArg::F_GETFL)?);
+    if flags.contains(OFlag::O_APPEND) {
+        return Ok(None);
+    }
+    Ok(io::Seek::stream_position(&mut &*file).ok())
 }
 
 #[cfg(test)]
@@ -1494,7 +1564,7 @@ mod tests {
         fs::write(&file, b"").unwrap();
         for p in [&file, &fifo] {
             let mut s = StreamSink::open(p).unwrap();
-            assert_eq!(s.seekable, p == &file);
+            assert_eq!(s.base.is_some(), p == &file);
             let fifo = p == &fifo;
             s.write_block(3, b"def").unwrap();
             // A FIFO holds what came ahead of its turn, and says how much.
@@ -1511,6 +1581,52 @@ mod tests {
         }
         assert_eq!(fs::read(&file).unwrap(), b"abcdefg");
         assert_eq!(reader.join().unwrap(), b"abcdefg");
+    }
+
+    /// A descriptor of this process named as a path is written through a duplicate of it:
+    /// from its offset, which is left past the bytes written (`{ echo HEAD; hsxfer ...; echo
+    /// TAIL; } > f`), or in order at the end of a file open for appending (`>> f`).
+    #[test]
+    fn a_descriptor_is_written_from_where_it_points() {
+        let t = tempfile::tempdir().unwrap();
+        let (framed, appended) = (t.path().join("framed"), t.path().join("appended"));
+        let mut f = File::create(&framed).unwrap();
+        f.write_all(b"HEAD").unwrap();
+        fs::write(&appended, b"OLD").unwrap();
+        let a = OpenOptions::new().append(true).open(&appended).unwrap();
+        for fd in [f.as_raw_fd(), a.as_raw_fd()] {
+            let mut s = StreamSink::open(Path::new(&format!("/dev/fd/{fd}"))).unwrap();
+            s.write_block(3, b"def").unwrap();
+            s.write_block(0, b"abc").unwrap();
+        }
+        f.write_all(b"TAIL").unwrap();
+        assert_eq!(fs::read(&framed).unwrap(), b"HEADabcdefTAIL");
+        assert_eq!(fs::read(&appended).unwrap(), b"OLDabcdef");
+    }
+
+    /// A file already there (same size and mtime) is skipped with the sender's mode, set in
+    /// place; one with another name is sent again instead, and its other name keeps its mode.
+    #[test]
+    fn a_skipped_file_gets_the_senders_mode_unless_it_has_other_names() {
+        use crate::fsio::{masked_mode, ns_to_system_time};
+        let t = tempfile::tempdir().unwrap();
+        let target = t.path().join("f");
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        let set_mode = |m| fs::set_permissions(&target, Permissions::from_mode(m)).unwrap();
+        fs::write(&target, b"abcdefghij").unwrap();
+        let f = File::options().write(true).open(&target).unwrap();
+        f.set_modified(ns_to_system_time(meta(10).mtime_ns))
+            .unwrap();
+        set_mode(0o604);
+        let skipped = prepare(&Scope::Local, &target, meta(10), 4, &KEY).unwrap();
+        assert!(matches!(skipped, Prepared::Skip));
+        assert_eq!(mode(&target), masked_mode(meta(10).mode));
+        set_mode(0o604);
+        let other = t.path().join("other");
+        fs::hard_link(&target, &other).unwrap();
+        let sent = prepare(&Scope::Local, &target, meta(10), 4, &KEY).unwrap();
+        assert!(matches!(sent, Prepared::Write { .. }));
+        assert_eq!(mode(&other), 0o604);
     }
 
     #[test]
