@@ -1339,3 +1339,40 @@ async fn temporary_files_inside_a_tree_are_passed_over_with_a_note() {
         .to_string();
     assert!(e.contains("hsxfer's temporary files"), "{e}");
 }
+
+/// A destination ending in `/` that does not exist yet is made when its parent exists, as
+/// rsync makes it, both ways: the README's `copy -r dataset dtn1:incoming/` works on a fresh
+/// server. It was refused ("no such directory").
+#[tokio::test]
+async fn a_missing_last_directory_named_with_a_slash_is_made() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let back = tempfile::tempdir().unwrap();
+    let tree = src.path().join("dataset");
+    fs::create_dir(&tree).unwrap();
+    random_file(&tree.join("a"), 10_000, 7);
+    let addr = server(root.path(), Auth::NoAuth, FaultInjection::default()).await;
+    let r = client(addr, 2)
+        .push(std::slice::from_ref(&tree), true, "incoming/", &live(2))
+        .await
+        .unwrap();
+    assert!(r.verified);
+    assert_eq!(
+        fs::read(root.path().join("incoming/dataset/a")).unwrap(),
+        fs::read(tree.join("a")).unwrap()
+    );
+    let new = format!("{}/new/", back.path().display());
+    let r = client(addr, 2)
+        .pull(&["incoming/dataset".into()], true, &new, &live(2))
+        .await
+        .unwrap();
+    assert!(r.verified);
+    assert!(back.path().join("new/dataset/a").is_file());
+    let e = client(addr, 2)
+        .push(std::slice::from_ref(&tree), true, "no/such/", &live(2))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no such directory"), "{e}");
+    assert!(!root.path().join("no").exists());
+}

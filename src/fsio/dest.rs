@@ -7,7 +7,9 @@
 //!   process's open descriptors (`/dev/stdout`, `/dev/fd/N`, `/proc/self/fd/N`): the single
 //!   file's bytes are written straight into it, with no temporary name. A server writes only
 //!   files and directories: a device or FIFO under its root is refused, never replaced.
-//! - `DST` ends in `/`: it must be a directory (`cp` says the same).
+//! - `DST` ends in `/`: it must be a directory (`cp` says the same). A missing one is made
+//!   when its parent exists (as `rsync` does), so `copy -r data HOST:incoming/` lands in
+//!   `incoming/data` on a fresh server too.
 
 use std::fs;
 use std::io;
@@ -163,14 +165,13 @@ impl Destination {
                 }
                 Layout::Stream(p)
             }
+            Err(e) if e.kind() == io::ErrorKind::NotFound && wants_dir => {
+                make_last_dir(&scope, &p, dst)?;
+                Layout::Into(p)
+            }
             Ok(_) | Err(_) if sources > 1 => return Err(DestError::NotADirectory(dst.into())),
             Ok(_) => rename_layout(&p, dst)?,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                if wants_dir {
-                    return Err(DestError::NoParent(dst.into()));
-                }
-                rename_layout(&p, dst)?
-            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => rename_layout(&p, dst)?,
             Err(e) if wants_dir && e.raw_os_error() == Some(libc::ENOTDIR) => {
                 return Err(DestError::NotADirectory(dst.into()))
             }
@@ -314,6 +315,25 @@ pub(crate) fn descriptor_named(p: &Path) -> Option<RawFd> {
     None
 }
 
+/// Makes `p`, the missing last directory of a destination `dst` ending in `/`, in its
+/// parent opened through `scope` (beneath a server's root); a parent that is missing too is
+/// refused, not made.
+fn make_last_dir(scope: &Scope, p: &Path, dst: &str) -> Result<(), DestError> {
+    let Some((parent, name)) = at::split(p) else {
+        return Err(DestError::NoParent(dst.into()));
+    };
+    let dir = match scope.open_dir(parent, true) {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
+            return Err(DestError::NoParent(dst.into()))
+        }
+        other => other.map_err(io_err(p))?,
+    };
+    match at::mkdir(&dir, name) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        other => other.map_err(io_err(p)),
+    }
+}
+
 fn rename_layout(p: &Path, dst: &str) -> Result<Layout, DestError> {
     let parent = match p.parent() {
         Some(x) if x.as_os_str().is_empty() => PathBuf::from("."),
@@ -421,8 +441,18 @@ mod tests {
         }
         let into = Destination::resolve(confined.clone(), "dir/", 1).unwrap();
         assert!(matches!(into.layout, Layout::Into(_)));
+        // A missing last directory is made (as rsync does), for one source or several; a
+        // missing parent is not.
+        for (dst, sources) in [("new/", 1), ("other/", 2)] {
+            let made = Destination::resolve(confined.clone(), dst, sources).unwrap();
+            assert!(matches!(made.layout, Layout::Into(_)), "{dst}");
+            assert!(t.path().join(dst).is_dir(), "{dst}");
+        }
+        let local_new = format!("{}/local/", t.path().display());
+        Destination::resolve(Scope::Local, &local_new, 1).unwrap();
+        assert!(t.path().join("local").is_dir());
         assert!(matches!(
-            Destination::resolve(confined, "new/", 1),
+            Destination::resolve(confined, "missing/new/", 1),
             Err(DestError::NoParent(_))
         ));
     }
