@@ -1375,4 +1375,17 @@ async fn a_missing_last_directory_named_with_a_slash_is_made() {
         .to_string();
     assert!(e.contains("no such directory"), "{e}");
     assert!(!root.path().join("no").exists());
+    // Made with the first entry: a pull refused before any leaves nothing.
+    let never = back.path().join("never");
+    let e = client(addr, 2)
+        .pull(
+            &["nosuch".into()],
+            false,
+            &format!("{}/", never.display()),
+            &live(2),
+        )
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("nosuch"), "{e}");
+    assert!(!never.exists());
 }

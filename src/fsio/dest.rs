@@ -9,7 +9,8 @@
 //!   files and directories: a device or FIFO under its root is refused, never replaced.
 //! - `DST` ends in `/`: it must be a directory (`cp` says the same). A missing one is made
 //!   when its parent exists (as `rsync` does), so `copy -r data HOST:incoming/` lands in
-//!   `incoming/data` on a fresh server too.
+//!   `incoming/data` on a fresh server too; it is made with the first entry received, so a
+//!   transfer refused or failed before that leaves nothing behind.
 
 use std::fs;
 use std::io;
@@ -94,6 +95,9 @@ pub struct Destination {
     pub layout: Layout,
     /// The top-level names a pulling client asked for, when it did.
     requested: Option<Requested>,
+    /// `DST` as given, when it ends in `/` and its directory (the layout's) is to be made
+    /// with the first entry.
+    missing: Option<String>,
 }
 
 /// Maps manifest entries to paths as [`Destination::target`] does, checking a parent
@@ -104,6 +108,8 @@ pub struct Destination {
 pub struct Targets<'a> {
     dest: &'a Destination,
     checked: Option<PathBuf>,
+    /// The missing directory of the destination has been made.
+    made: bool,
 }
 
 impl<'a> Targets<'a> {
@@ -112,11 +118,19 @@ impl<'a> Targets<'a> {
         Targets {
             dest,
             checked: None,
+            made: false,
         }
     }
 
-    /// The filesystem path for a manifest entry, checked against confinement.
+    /// The filesystem path for a manifest entry, checked against confinement; the first
+    /// makes the destination's missing directory.
     pub fn target(&mut self, entry_path: &str) -> Result<PathBuf, DestError> {
+        if let (Some(dst), Layout::Into(dir), false) =
+            (&self.dest.missing, &self.dest.layout, self.made)
+        {
+            make_last_dir(&self.dest.scope, dir, dst)?;
+            self.made = true;
+        }
         let p = self.dest.unchecked_target(entry_path)?;
         if matches!(self.dest.layout, Layout::Stream(_)) {
             return Ok(p);
@@ -155,6 +169,7 @@ impl Destination {
         let local = matches!(scope, Scope::Local);
         // A confined path has lost its trailing slash (`check_relative`), a local one has not.
         let wants_dir = dst.ends_with('/');
+        let mut missing = None;
         let layout = match fs::metadata(&p) {
             Ok(m) if m.is_dir() => Layout::Into(p),
             Ok(_) if wants_dir => return Err(DestError::NotADirectory(dst.into())),
@@ -166,7 +181,8 @@ impl Destination {
                 Layout::Stream(p)
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound && wants_dir => {
-                make_last_dir(&scope, &p, dst)?;
+                open_parent(&scope, &p, dst)?;
+                missing = Some(dst.to_string());
                 Layout::Into(p)
             }
             Ok(_) | Err(_) if sources > 1 => return Err(DestError::NotADirectory(dst.into())),
@@ -181,6 +197,7 @@ impl Destination {
             scope,
             layout,
             requested: None,
+            missing,
         })
     }
 
@@ -315,19 +332,30 @@ pub(crate) fn descriptor_named(p: &Path) -> Option<RawFd> {
     None
 }
 
-/// Makes `p`, the missing last directory of a destination `dst` ending in `/`, in its
-/// parent opened through `scope` (beneath a server's root); a parent that is missing too is
-/// refused, not made.
-fn make_last_dir(scope: &Scope, p: &Path, dst: &str) -> Result<(), DestError> {
+/// The parent of `p`, the missing last directory of a destination `dst` ending in `/`,
+/// opened through `scope` (beneath a server's root), and `p`'s name; a parent that is
+/// missing too is refused, not made.
+fn open_parent<'p>(
+    scope: &Scope,
+    p: &'p Path,
+    dst: &str,
+) -> Result<(fs::File, &'p str), DestError> {
     let Some((parent, name)) = at::split(p) else {
         return Err(DestError::NoParent(dst.into()));
     };
-    let dir = match scope.open_dir(parent, true) {
+    match scope.open_dir(parent, true) {
+        Ok(dir) => Ok((dir, name)),
         Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
-            return Err(DestError::NoParent(dst.into()))
+            Err(DestError::NoParent(dst.into()))
         }
-        other => other.map_err(io_err(p))?,
-    };
+        Err(e) => Err(io_err(p)(e)),
+    }
+}
+
+/// Makes `p`, the missing last directory of a destination `dst` ending in `/`, in its parent
+/// (see [`open_parent`]); one made meanwhile is taken as it is.
+fn make_last_dir(scope: &Scope, p: &Path, dst: &str) -> Result<(), DestError> {
+    let (dir, name) = open_parent(scope, p, dst)?;
     match at::mkdir(&dir, name) {
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
         other => other.map_err(io_err(p)),
@@ -441,16 +469,22 @@ mod tests {
         }
         let into = Destination::resolve(confined.clone(), "dir/", 1).unwrap();
         assert!(matches!(into.layout, Layout::Into(_)));
-        // A missing last directory is made (as rsync does), for one source or several; a
+        // A missing last directory is made (as rsync does), for one source or several, with
+        // the first entry, not before (a transfer refused before any leaves nothing); a
         // missing parent is not.
-        for (dst, sources) in [("new/", 1), ("other/", 2)] {
-            let made = Destination::resolve(confined.clone(), dst, sources).unwrap();
-            assert!(matches!(made.layout, Layout::Into(_)), "{dst}");
-            assert!(t.path().join(dst).is_dir(), "{dst}");
-        }
         let local_new = format!("{}/local/", t.path().display());
-        Destination::resolve(Scope::Local, &local_new, 1).unwrap();
-        assert!(t.path().join("local").is_dir());
+        for (scope, dst, sources) in [
+            (confined.clone(), "new/", 1),
+            (confined.clone(), "other/", 2),
+            (Scope::Local, local_new.as_str(), 1),
+        ] {
+            let made = Destination::resolve(scope, dst, sources).unwrap();
+            assert!(matches!(made.layout, Layout::Into(_)), "{dst}");
+            let dir = t.path().join(dst.rsplit('/').nth(1).unwrap());
+            assert!(!dir.exists(), "{dst}");
+            assert!(made.target("a").unwrap().ends_with("a"));
+            assert!(dir.is_dir(), "{dst}");
+        }
         assert!(matches!(
             Destination::resolve(confined, "missing/new/", 1),
             Err(DestError::NoParent(_))
