@@ -540,6 +540,22 @@ fn a_failed_transfer_shows_its_notes_before_the_error() {
         err.find("hsxfer: error:"),
     );
     assert!(warning.is_some() && warning < error, "{err}");
+    // The same when the server refuses the push outright (no such directory).
+    let refused = [
+        "copy",
+        "-r",
+        "--no-auth",
+        "--port",
+        &p,
+        tree.to_str().unwrap(),
+        "127.0.0.1:no/such/",
+    ];
+    let err = String::from_utf8_lossy(&hsxfer(&refused).stderr).to_string();
+    let (warning, error) = (
+        err.find("hsxfer: warning: client: not copied"),
+        err.find("hsxfer: error: server refused"),
+    );
+    assert!(warning.is_some() && warning < error, "{err}");
 
     let json = hsxfer(&[&copy[..], &["--json"]].concat());
     let events: Vec<serde_json::Value> = String::from_utf8_lossy(&json.stdout)

@@ -80,7 +80,8 @@ impl LiveStats {
     ///
     /// let live = LiveStats::default();
     /// live.set_notes(&["client: send buffer capped".to_string()]);
-    /// assert_eq!(live.notes(), vec!["client: send buffer capped".to_string()]);
+    /// live.add_notes(&["server: receive buffer capped".to_string()]);
+    /// assert_eq!(live.notes().len(), 2);
     /// ```
     pub fn notes(&self) -> Vec<String> {
         self.notes.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -89,6 +90,12 @@ impl LiveStats {
     /// Replaces the notes with `notes`, the set-up's as they stand.
     pub fn set_notes(&self, notes: &[String]) {
         *self.notes.lock().unwrap_or_else(|e| e.into_inner()) = notes.to_vec();
+    }
+
+    /// Adds `notes` to those held.
+    pub fn add_notes(&self, notes: &[String]) {
+        let mut held = self.notes.lock().unwrap_or_else(|e| e.into_inner());
+        held.extend_from_slice(notes);
     }
 
     /// Makes room for channels `0..n` (channels opened during the transfer).

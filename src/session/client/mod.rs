@@ -192,14 +192,18 @@ impl Client {
             dest: dest.to_string(),
             sources: sources.len() as u32,
         };
-        let passed_over = tree.passed_over_note();
+        let passed_over: Vec<String> = tree
+            .passed_over_note()
+            .map(|n| format!("client: {n}"))
+            .into_iter()
+            .collect();
+        // Shown even if the server then refuses the push.
+        live.set_notes(&passed_over);
         let mut source = SendSource::tree(tree);
         let mut announced = Announced::new(self.opts.block_size);
         let first = announced.take_ready(&mut source, live);
         let mut o = self.open(op, true, live, first).await?;
-        o.tuning
-            .notes
-            .extend(passed_over.map(|n| format!("client: {n}")));
+        o.tuning.notes.extend(passed_over);
         live.set_notes(&o.tuning.notes);
         self.send(o, source, Some(announced), "push", live).await
     }
@@ -234,6 +238,7 @@ impl Client {
             recursive,
             unplanned_files: unplanned,
         };
+        live.set_notes(&[]);
         let o = self.open(op, false, live, Vec::new()).await?;
         live.set_notes(&o.tuning.notes);
         self.receive(o, Sink::Files(dest), unplanned, "pull", live)
@@ -269,6 +274,7 @@ impl Client {
             seconds,
         };
         let upload = direction == BenchDirection::Upload;
+        live.set_notes(&[]);
         let o = self.open(op, upload, live, Vec::new()).await?;
         live.set_notes(&o.tuning.notes);
         if upload {

@@ -118,8 +118,9 @@ impl Client {
             tuner,
         } = prepared;
         report.notes.extend(key_note);
-        // Shown even if the server refuses the request (a key recorded on first contact).
-        live.set_notes(&report.notes);
+        // Shown even if the server refuses the request (a key recorded on first contact),
+        // after those the caller knew before opening (a tree's passed-over entries).
+        live.add_notes(&report.notes);
         let most_channels = tuning.online.as_ref().map_or(n, |o| o.max_channels).max(n);
         let request = opening.request(Request {
             version: PROTOCOL_VERSION,
