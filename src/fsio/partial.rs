@@ -470,10 +470,11 @@ pub fn prepare_in(
 /// Gives the unchanged file `name` in `dir` (its status `st`) the sender's mode (masked, see
 /// [`super::masked_mode`]), as every run does for directories: a file locked down at the
 /// source (`chmod 600`) is locked down here by the next run, which skips it. True once it has
-/// that mode. False where the mode cannot be changed in place, and the file is then sent
-/// again, its commit giving the name a new file: one with other names, which a change would
-/// reach too (a hard link planted to another of this user's files), one that is no longer
-/// the file looked at, or one this user may not open or change.
+/// that mode, or on a read-only filesystem (skipped unchanged, as before). False where the
+/// mode cannot be changed in place, and the file is then sent again, its commit giving the
+/// name a new file: one with other names, which a change would reach too (a hard link planted
+/// to another of this user's files), one that is no longer the file looked at, or one this
+/// user may not open or change.
 fn give_mode(dir: &File, name: &str, st: &FileStat, mode: u32) -> io::Result<bool> {
     let mode = super::masked_mode(mode);
     if st.st_mode & 0o7777 == mode {
@@ -484,14 +485,26 @@ fn give_mode(dir: &File, name: &str, st: &FileStat, mode: u32) -> io::Result<boo
     }
     let changed = at::open(dir, name, OFlag::O_RDONLY | OFlag::O_NONBLOCK, 0).and_then(|f| {
         let now = at::fstat(&f)?;
-        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) {
+        if (now.st_dev, now.st_ino, now.st_nlink) != (st.st_dev, st.st_ino, 1) {
             return Ok(false);
         }
         f.set_permissions(Permissions::from_mode(mode))?;
         Ok(true)
     });
     match changed {
+        // Gone, or made a link, a socket or a device meanwhile: sent again, as a new file.
         Err(e) if e.kind() == io::ErrorKind::PermissionDenied => Ok(false),
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOENT | libc::ELOOP | libc::ENXIO)
+            ) =>
+        {
+            Ok(false)
+        }
+        // A read-only destination skips it as before, its mode unchanged: it could not take
+        // the file again either.
+        Err(e) if e.raw_os_error() == Some(libc::EROFS) => Ok(true),
         other => other,
     }
 }
