@@ -464,12 +464,9 @@ fn ctrl_c_on_a_terminal_leaves_the_error_on_the_screen() {
         &root.path().join(".big.hsxfer-journal"),
         JOURNAL_WITH_ONE_RECORD,
     );
-    // This copy alone (its port is its own): other tests' copies run meanwhile.
-    let signalled = Command::new("pkill")
-        .args(["-INT", "-f", &format!("^{command}")])
-        .status()
-        .unwrap();
-    assert!(signalled.success(), "no copy to interrupt");
+    // This copy alone (other tests' copies run meanwhile): the hsxfer under `script`.
+    let copy = descendant_named(terminal.id(), "hsxfer").expect("the copy under script");
+    nix::sys::signal::kill(copy, nix::sys::signal::Signal::SIGINT).unwrap();
     assert_eq!(terminal.wait().unwrap().code(), Some(130));
     let drawn = fs::read(&typescript).unwrap();
     let error = b"hsxfer: error: interrupted by SIGINT";
@@ -485,6 +482,38 @@ fn ctrl_c_on_a_terminal_leaves_the_error_on_the_screen() {
     );
 }
 
+/// The first process below `ancestor` whose command is `name`, found through each
+/// process's parent in `/proc`.
+fn descendant_named(ancestor: u32, name: &str) -> Option<nix::unistd::Pid> {
+    let parent_of = |pid: u32| -> Option<u32> {
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // pid (comm) state ppid ...: the command may hold spaces and parentheses.
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    };
+    fs::read_dir("/proc")
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| {
+            fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == name)
+        })
+        .find(|&pid| {
+            let mut p = pid;
+            while let Some(up) = parent_of(p).filter(|&up| up > 1) {
+                if up == ancestor {
+                    return true;
+                }
+                p = up;
+            }
+            false
+        })
+        .map(|pid| nix::unistd::Pid::from_raw(pid as i32))
+}
+
 /// A server's log, written to a file, carries no terminal colour codes.
 #[test]
 fn a_servers_log_in_a_file_is_plain_text() {
@@ -498,10 +527,20 @@ fn a_servers_log_in_a_file_is_plain_text() {
         .stderr(fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
+    let server = ServerProc(child);
     wait_listening(port);
-    drop(ServerProc(child));
+    // Its "serving" line is written after it listens.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !fs::read_to_string(&log).unwrap().contains("serving") {
+        assert!(
+            Instant::now() < deadline,
+            "{}",
+            fs::read_to_string(&log).unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(server);
     let text = fs::read_to_string(&log).unwrap();
-    assert!(text.contains("serving"), "{text}");
     assert!(!text.contains('\x1b'), "{text:?}");
 }
 
