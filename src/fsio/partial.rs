@@ -477,7 +477,7 @@ pub fn prepare_in(
 /// user may not open or change.
 fn give_mode(dir: &File, name: &str, st: &FileStat, mode: u32) -> io::Result<bool> {
     let mode = super::masked_mode(mode);
-    if st.st_mode & 0o7777 == mode {
+    if st.st_mode & 0o7777 == mode || read_only(dir) {
         return Ok(true);
     }
     if st.st_nlink != 1 {
@@ -507,6 +507,13 @@ fn give_mode(dir: &File, name: &str, st: &FileStat, mode: u32) -> io::Result<boo
         Err(e) if e.raw_os_error() == Some(libc::EROFS) => Ok(true),
         other => other,
     }
+}
+
+/// True when `dir` is on a filesystem mounted read-only: nothing there can change, nor be
+/// received again.
+fn read_only(dir: &File) -> bool {
+    nix::sys::statvfs::fstatvfs(dir)
+        .is_ok_and(|v| v.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY))
 }
 
 /// A new journal under `name` in `dir`, holding only `header`. The one the name held is
@@ -1640,6 +1647,44 @@ mod tests {
         let sent = prepare(&Scope::Local, &target, meta(10), 4, &KEY).unwrap();
         assert!(matches!(sent, Prepared::Write { .. }));
         assert_eq!(mode(&other), 0o604);
+    }
+
+    /// On a filesystem mounted read-only a file whose mode differs is skipped as it is,
+    /// other names or not (snapshot trees of hard links): it could not be received again.
+    #[test]
+    fn a_skipped_file_on_a_read_only_filesystem_stays_as_it_is() {
+        use crate::fsio::ns_to_system_time;
+        use std::process::Command;
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIPPED a read-only filesystem: mounting one needs root (CI runs as root)");
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let mount = |args: &[&str]| {
+            let ok = Command::new("mount").args(args).arg(t.path()).status();
+            assert!(ok.unwrap().success(), "mount {args:?}");
+        };
+        mount(&["-t", "tmpfs", "-o", "size=1m", "tmpfs"]);
+        struct Unmount<'a>(&'a Path);
+        impl Drop for Unmount<'_> {
+            fn drop(&mut self) {
+                let _ = std::process::Command::new("umount").arg(self.0).status();
+            }
+        }
+        let _u = Unmount(t.path());
+        let target = t.path().join("f");
+        fs::write(&target, b"abcdefghij").unwrap();
+        let f = File::options().write(true).open(&target).unwrap();
+        f.set_modified(ns_to_system_time(meta(10).mtime_ns))
+            .unwrap();
+        drop(f);
+        fs::set_permissions(&target, Permissions::from_mode(0o604)).unwrap();
+        fs::hard_link(&target, t.path().join("other")).unwrap();
+        mount(&["-o", "remount,ro"]);
+        let skipped = prepare(&Scope::Local, &target, meta(10), 4, &KEY).unwrap();
+        assert!(matches!(skipped, Prepared::Skip));
+        let mode = fs::metadata(&target).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o604);
     }
 
     #[test]
