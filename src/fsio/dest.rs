@@ -125,13 +125,14 @@ impl<'a> Targets<'a> {
     /// The filesystem path for a manifest entry, checked against confinement; the first
     /// makes the destination's missing directory.
     pub fn target(&mut self, entry_path: &str) -> Result<PathBuf, DestError> {
+        let p = self.dest.unchecked_target(entry_path)?;
+        // After the entry's own checks: one refused leaves nothing made.
         if let (Some(dst), Layout::Into(dir), false) =
             (&self.dest.missing, &self.dest.layout, self.made)
         {
             make_last_dir(&self.dest.scope, dir, dst)?;
             self.made = true;
         }
-        let p = self.dest.unchecked_target(entry_path)?;
         if matches!(self.dest.layout, Layout::Stream(_)) {
             return Ok(p);
         }
