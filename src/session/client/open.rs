@@ -139,7 +139,11 @@ impl Client {
             .await
             .map_err(|_| Error::Timeout("waiting an hour for the server to accept the request"))?;
         match opening.on_message(accepted?, Instant::now())? {
-            Answer::Accepted { notes, .. } => report.notes.extend(notes),
+            Answer::Accepted { notes, .. } => {
+                // A pull's "not copied", shown even if a channel then fails to join.
+                live.add_notes(&notes);
+                report.notes.extend(notes);
+            }
             other => unreachable!("a request is answered by its acceptance, not {other:?}"),
         }
         let mut channels = Vec::new();
