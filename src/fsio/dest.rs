@@ -14,7 +14,6 @@
 
 use std::fs;
 use std::io;
-use std::os::fd::RawFd;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
@@ -310,27 +309,7 @@ fn is_device(m: &fs::Metadata) -> bool {
 /// the descriptor is open on (`> out.bin`); putting a file in its place instead would
 /// replace the link itself.
 fn names_a_descriptor(p: &Path) -> bool {
-    descriptor_named(p).is_some()
-}
-
-/// The number of this process's descriptor that `p` leads to through symbolic links
-/// (`/dev/stdout`: 1), if it does.
-pub(crate) fn descriptor_named(p: &Path) -> Option<RawFd> {
-    let own = Path::new("/proc")
-        .join(std::process::id().to_string())
-        .join("fd");
-    let mut p = p.to_path_buf();
-    // The kernel follows at most 40 links in a path.
-    for _ in 0..40 {
-        for dir in [Path::new("/proc/self/fd"), Path::new("/dev/fd"), &own] {
-            if let Ok(rest) = p.strip_prefix(dir) {
-                return rest.to_str()?.parse().ok();
-            }
-        }
-        let next = fs::read_link(&p).ok()?;
-        p = p.parent().map_or(next.clone(), |dir| dir.join(next));
-    }
-    None
+    super::descriptor::named(p).is_some()
 }
 
 /// The parent of `p`, the missing last directory of a destination `dst` ending in `/`,

@@ -4,6 +4,7 @@
 //! `hsxfer probe`; and telling remote operands (`HOST:PATH`) from local paths.
 
 pub mod at;
+mod descriptor;
 pub mod dest;
 pub mod direct;
 pub mod operands;

@@ -990,7 +990,7 @@ impl StreamSink {
     /// what the shell wrote there, or to a socket), which opening the path again would not
     /// do (it starts at offset 0, without `O_APPEND`, and a socket cannot be opened).
     pub fn open(path: &Path) -> io::Result<Self> {
-        let file = match super::dest::descriptor_named(path) {
+        let file = match super::descriptor::named(path) {
             Some(fd) => duplicate(fd)?,
             None => OpenOptions::new().write(true).open(path)?,
         };
