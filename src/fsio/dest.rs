@@ -94,9 +94,9 @@ pub struct Destination {
     pub layout: Layout,
     /// The top-level names a pulling client asked for, when it did.
     requested: Option<Requested>,
-    /// `DST` as given, when it ends in `/` and its directory (the layout's) is to be made
-    /// with the first entry.
-    missing: Option<String>,
+    /// `DST` ended in `/` and its directory (the layout's) is to be made with the first
+    /// entry.
+    missing: bool,
 }
 
 /// Maps manifest entries to paths as [`Destination::target`] does, checking a parent
@@ -126,10 +126,9 @@ impl<'a> Targets<'a> {
     pub fn target(&mut self, entry_path: &str) -> Result<PathBuf, DestError> {
         let p = self.dest.unchecked_target(entry_path)?;
         // After the entry's own checks: one refused leaves nothing made.
-        if let (Some(dst), Layout::Into(dir), false) =
-            (&self.dest.missing, &self.dest.layout, self.made)
+        if let (true, Layout::Into(dir), false) = (self.dest.missing, &self.dest.layout, self.made)
         {
-            make_last_dir(&self.dest.scope, dir, dst)?;
+            self.dest.make_dir(dir)?;
             self.made = true;
         }
         if matches!(self.dest.layout, Layout::Stream(_)) {
@@ -169,7 +168,7 @@ impl Destination {
         let local = matches!(scope, Scope::Local);
         // A confined path has lost its trailing slash (`check_relative`), a local one has not.
         let wants_dir = dst.ends_with('/');
-        let mut missing = None;
+        let mut missing = false;
         let layout = match fs::metadata(&p) {
             Ok(m) if m.is_dir() => Layout::Into(p),
             Ok(_) if wants_dir => return Err(DestError::NotADirectory(dst.into())),
@@ -181,8 +180,8 @@ impl Destination {
                 Layout::Stream(p)
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound && wants_dir => {
-                open_parent(&scope, &p, dst)?;
-                missing = Some(dst.to_string());
+                check_parent(&scope, &p, dst)?;
+                missing = true;
                 Layout::Into(p)
             }
             Ok(_) | Err(_) if sources > 1 => return Err(DestError::NotADirectory(dst.into())),
@@ -312,33 +311,20 @@ fn names_a_descriptor(p: &Path) -> bool {
     super::descriptor::named(p).is_some()
 }
 
-/// The parent of `p`, the missing last directory of a destination `dst` ending in `/`,
-/// opened through `scope` (beneath a server's root), and `p`'s name; a parent that is
-/// missing too is refused, not made.
-fn open_parent<'p>(
-    scope: &Scope,
-    p: &'p Path,
-    dst: &str,
-) -> Result<(fs::File, &'p str), DestError> {
-    let Some((parent, name)) = at::split(p) else {
+/// Checks that the parent of `p`, the missing last directory of a destination `dst` ending
+/// in `/`, opens through `scope` (beneath a server's root), so that
+/// [`Destination::make_dir`] can make `p` there; a parent that is missing too is refused,
+/// not made.
+fn check_parent(scope: &Scope, p: &Path, dst: &str) -> Result<(), DestError> {
+    let Some((parent, _)) = at::split(p) else {
         return Err(DestError::NoParent(dst.into()));
     };
     match scope.open_dir(parent, true) {
-        Ok(dir) => Ok((dir, name)),
+        Ok(_) => Ok(()),
         Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
             Err(DestError::NoParent(dst.into()))
         }
         Err(e) => Err(io_err(p)(e)),
-    }
-}
-
-/// Makes `p`, the missing last directory of a destination `dst` ending in `/`, in its parent
-/// (see [`open_parent`]); one made meanwhile is taken as it is.
-fn make_last_dir(scope: &Scope, p: &Path, dst: &str) -> Result<(), DestError> {
-    let (dir, name) = open_parent(scope, p, dst)?;
-    match at::mkdir(&dir, name) {
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
-        other => other.map_err(io_err(p)),
     }
 }
 
