@@ -943,6 +943,41 @@ fn bad_input_gets_a_clear_one_line_error() {
         &["copy", "--no-auth", "--port", &closed, f, "127.0.0.1:x"],
         "cannot connect",
     );
+    // Values no path has are refused before connecting (the port is closed: a refusal after
+    // connecting would say "cannot connect"), naming the flag; a rate in bytes is a usage
+    // error.
+    for (flags, needle) in [
+        (&["--rate", "1"][..], "a --rate of 1 bit/s"),
+        (
+            &["--rate", "1G", "--rtt", "0s"],
+            "an --rtt of 0ns is out of range",
+        ),
+        (&["--buffer", "0"], "a --buffer of 0 bytes is out of range"),
+        (
+            &["--block-size", "5G"],
+            "block size 5368709120 is out of range",
+        ),
+    ] {
+        let args: Vec<&str> = ["copy", "--no-auth", "--port", &closed]
+            .into_iter()
+            .chain(flags.iter().copied())
+            .chain([f, "127.0.0.1:x"])
+            .collect();
+        fails_with(&args, needle);
+    }
+    fails_with(
+        &[
+            "bench",
+            "--no-auth",
+            "--port",
+            &closed,
+            "--time",
+            "0",
+            "127.0.0.1",
+        ],
+        "a bench duration of 0 s is out of range",
+    );
+    refused_as_usage(&["copy", "--rate", "1GB", f, "127.0.0.1:x"], "in bytes");
     fails_with(
         &["copy", "--no-auth", f, "no-such-host.invalid:x"],
         "cannot resolve host",
@@ -1167,54 +1202,6 @@ fn a_full_disk_fails_cleanly_with_no_file_under_the_final_name() {
             "{n} is under its final name but not whole"
         );
     }
-}
-
-/// Values no path has are refused before connecting (the port is closed: a refusal after
-/// connecting would say so instead), naming the flag; a rate in bytes is a usage error.
-#[test]
-fn out_of_range_values_are_refused_before_connecting_naming_the_flag() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("f");
-    fs::write(&file, b"x").unwrap();
-    let f = file.to_str().unwrap();
-    let closed = free_port().to_string();
-    let copy = |flags: &[&'static str]| {
-        let mut args = vec!["copy", "--no-auth", "--port", &closed];
-        args.extend_from_slice(flags);
-        args.extend([f, "127.0.0.1:x"]);
-        args.iter().map(|a| a.to_string()).collect::<Vec<_>>()
-    };
-    for (flags, needle) in [
-        (&["--rate", "1"][..], "a --rate of 1 bit/s"),
-        (
-            &["--rate", "1G", "--rtt", "0s"][..],
-            "an --rtt of 0ns is out of range",
-        ),
-        (
-            &["--buffer", "0"][..],
-            "a --buffer of 0 bytes is out of range",
-        ),
-        (
-            &["--block-size", "5G"][..],
-            "block size 5368709120 is out of range",
-        ),
-    ] {
-        let args = copy(flags);
-        fails_with(&args.iter().map(String::as_str).collect::<Vec<_>>(), needle);
-    }
-    fails_with(
-        &[
-            "bench",
-            "--no-auth",
-            "--port",
-            &closed,
-            "--time",
-            "0",
-            "127.0.0.1",
-        ],
-        "a bench duration of 0 s is out of range",
-    );
-    refused_as_usage(&["copy", "--rate", "1GB", f, "127.0.0.1:x"], "in bytes");
 }
 
 #[test]
