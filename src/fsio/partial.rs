@@ -492,7 +492,8 @@ fn give_mode(dir: &File, name: &str, st: &FileStat, mode: u32) -> io::Result<boo
         Ok(true)
     });
     match changed {
-        // Gone, or made a link, a socket or a device meanwhile: sent again, as a new file.
+        // Not this user's to open or change, or gone, or made a link, a socket or a device
+        // meanwhile: sent again, as a new file.
         Err(e) if e.kind() == io::ErrorKind::PermissionDenied => Ok(false),
         Err(e)
             if matches!(
