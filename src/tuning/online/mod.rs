@@ -460,7 +460,8 @@ impl OnlineTuner {
     }
 }
 
-/// Whether a channel's reading shows a queue at the bottleneck: its smoothed RTT is
+/// Whether a channel's reading shows a queue on the path (at the bottleneck, or at an end
+/// host short of CPU): its smoothed RTT is
 /// [`QUEUE_RTT_GROWTH`] times its least or more.
 fn queued(s: &TcpSample) -> bool {
     s.min_rtt_us > 0 && s.rtt_us as f64 >= QUEUE_RTT_GROWTH * s.min_rtt_us as f64

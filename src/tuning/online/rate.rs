@@ -104,7 +104,7 @@ impl OnlineTuner {
                     self.decide(
                         since_start,
                         format!(
-                            "a probe above {:.1} Mbit/s filled a queue at the bottleneck (smoothed RTT {:.1} ms, least {:.1} ms): the path is full, the estimate stays",
+                            "a probe above {:.1} Mbit/s filled a queue on the path (smoothed RTT {:.1} ms, least {:.1} ms): the path is full, the estimate stays",
                             p.before * 8e-6,
                             srtt as f64 / 1e3,
                             min as f64 / 1e3
@@ -303,7 +303,9 @@ impl OnlineTuner {
 
     /// The smoothed and least RTT (µs) of a channel still sending whose smoothed RTT is
     /// [`QUEUE_RTT_GROWTH`](super::QUEUE_RTT_GROWTH) times its least or more: a queue stands
-    /// at the bottleneck. A tiny queue never shows (64 packets at 1 Gbit/s hold 0.8 ms).
+    /// on the path. A tiny bottleneck queue never shows (64 packets at 1 Gbit/s hold 0.8 ms),
+    /// but an end host's may: on the lab's path (a), whose hosts share one core, the smoothed
+    /// RTT reached 69-83 ms over a least of 60 at the end of most probes.
     fn queue_standing(&self, est: &PathEstimator, round: f64) -> Option<(u32, u32)> {
         (0..self.channels as usize)
             .filter(|&i| !est.idle(i, 2.0 * round))
