@@ -109,6 +109,15 @@ struct AuthArgs {
 }
 
 impl AuthArgs {
+    /// These options as given on a command line (`--token-file F` or `--no-auth`).
+    fn as_flags(&self) -> Vec<String> {
+        match (&self.token_file, self.no_auth) {
+            (Some(f), _) => vec!["--token-file".into(), f.display().to_string()],
+            (None, true) => vec!["--no-auth".into()],
+            (None, false) => Vec::new(),
+        }
+    }
+
     fn auth(&self) -> anyhow::Result<Auth> {
         match (&self.token_file, self.no_auth) {
             (Some(f), _) => Ok(Auth::from_token_file(f)?),
@@ -117,6 +126,30 @@ impl AuthArgs {
                 "no authentication chosen: give --token-file FILE (a shared secret) or --no-auth (loopback only)"
             ),
         }
+    }
+}
+
+/// The options that reach a server, as given on a command line: `--port` when not the
+/// default, then the authentication and encryption choices. A printed `copy` command that
+/// carries them reaches the same server the same way (and finds the profile saved for it).
+fn connection_flags(port: u16, auth: &AuthArgs, security: &SecurityArgs) -> Vec<String> {
+    let mut flags = Vec::new();
+    if port != DEFAULT_PORT {
+        flags.extend(["--port".to_string(), port.to_string()]);
+    }
+    flags.extend(auth.as_flags());
+    flags.extend(security.as_flags());
+    flags
+}
+
+/// `word` as one shell word: as it is when it holds only characters no shell treats
+/// specially, else in single quotes.
+fn shell_word(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./:=@+,%".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
     }
 }
 
@@ -138,6 +171,21 @@ pub(crate) struct SecurityArgs {
 }
 
 impl SecurityArgs {
+    /// These options as given on a command line.
+    pub(crate) fn as_flags(&self) -> Vec<String> {
+        let mut flags = Vec::new();
+        if self.no_encrypt {
+            flags.push("--no-encrypt".into());
+        }
+        if let Some(f) = &self.server_fingerprint {
+            flags.extend(["--server-fingerprint".into(), f.to_string()]);
+        }
+        if let Some(f) = &self.known_servers {
+            flags.extend(["--known-servers".into(), f.display().to_string()]);
+        }
+        flags
+    }
+
     /// The choice; clap already refused `--no-encrypt` with either of the others.
     pub(crate) fn security(&self) -> anyhow::Result<Security> {
         Ok(Security::choose(
@@ -418,6 +466,10 @@ impl TransferArgs {
             Some(_) => hsxfer::session::settle::SSH_PROFILE_PORT,
             None => opts.port,
         };
+        let connection = match remote {
+            Some(_) => vec!["--ssh".to_string()],
+            None => connection_flags(opts.port, &self.auth, &self.security),
+        };
         let p = tune::settle(
             self.tune,
             &mut opts,
@@ -425,6 +477,7 @@ impl TransferArgs {
             (host, profile_port),
             direction,
             self.mode(),
+            &connection,
         )
         .await?;
         Ok((opts, p))

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use clap::Args;
 use hsxfer::channels::control::Policy;
-use hsxfer::probe::{probe, Direction, ProbeOptions, ProbeReport, ProbeStep};
+use hsxfer::probe::{
+    probe, Direction, ProbeOptions, ProbeReport, ProbeStep, ProfileError, ProfileStore,
+};
 use hsxfer::DEFAULT_PORT;
 use serde_json::json;
 
@@ -19,9 +21,11 @@ use hsxfer::units::fmt_bytes;
 /// Options of `hsxfer probe`.
 #[derive(Args)]
 pub struct ProbeArgs {
-    /// How long the probe may take in all (e.g. 10s, 30s); longer budgets try more
-    /// configurations and measure each longer. Default: 10s, or the least the path's RTT
-    /// needs for a first trial and two more where that is more (about 19s at 240 ms).
+    /// How long the probe may take in all (e.g. 10s, 30s; at most 1h). The candidates share
+    /// it by successive halving: a longer budget measures the leading ones again before the
+    /// pick (trials keep their length, and the pick ends the probe early). Default: 10s, or
+    /// the least the path's RTT needs for a first trial and two more where that is more
+    /// (about 19s at 240 ms).
     #[arg(long, value_name = "DURATION", value_parser = units::parse_duration)]
     budget: Option<Duration>,
     /// Which way the copies to tune move data: push (client sends) or pull (server sends).
@@ -117,29 +121,65 @@ pub async fn run(a: ProbeArgs) -> anyhow::Result<bool> {
         &show,
     )
     .await?;
+    // The profile this one replaces, if it is unreadable, is said so (as a copy would).
+    if let Some(store) = ProfileStore::for_user() {
+        if let Err(e @ ProfileError::Corrupt { .. }) = store.load(host, a.port, a.direction) {
+            eprintln!("hsxfer: warning: {e}");
+        }
+    }
     let saved = match report.save_profile(host, a.port) {
-        Some(Ok(p)) => Some(p),
+        Some(Ok(p)) => Saved::At(p),
         Some(Err(e)) => {
             eprintln!("hsxfer: warning: {e}");
-            None
+            Saved::Failed
         }
-        None => None,
+        None => Saved::NoCache,
     };
-    print_probe(mode, host, &report, saved.as_ref());
+    let connection = super::connection_flags(a.port, &a.auth, &a.security);
+    print_probe(mode, host, &report, &saved, &connection);
     Ok(true)
 }
 
-/// Prints a probe's result: a table for people, or the `probe` JSON object.
-pub fn print_probe(mode: Mode, host: &str, r: &ProbeReport, saved: Option<&PathBuf>) {
+/// Where a probe's profile went.
+pub enum Saved {
+    /// Saved in this file.
+    At(PathBuf),
+    /// Not saved: no cache directory (neither `XDG_CACHE_HOME` nor `HOME`).
+    NoCache,
+    /// Not saved: writing it failed (a warning said why).
+    Failed,
+}
+
+/// Prints a probe's result: a table for people, or the `probe` JSON object. `connection`
+/// holds the options that reached the server, for the recommended command.
+pub fn print_probe(mode: Mode, host: &str, r: &ProbeReport, saved: &Saved, connection: &[String]) {
     match mode {
         Mode::Json => {
             let mut v = serde_json::to_value(r).expect("probe report serializes");
             v["type"] = json!("probe");
-            v["profile"] = json!(saved.map(|p| p.display().to_string()));
+            v["profile"] = json!(match saved {
+                Saved::At(p) => Some(p.display().to_string()),
+                Saved::NoCache | Saved::Failed => None,
+            });
             outln!("{v}");
         }
-        Mode::Human => human(host, r, saved),
+        Mode::Human => human(host, r, saved, connection),
     }
+}
+
+/// The `copy` command a probe recommends: its flags, the options that reached the server,
+/// and the server as a copy's `HOST:DST` names it (an IPv6 address in brackets).
+fn recommended(host: &str, flags: &str, connection: &[String]) -> String {
+    let host = match host.contains(':') {
+        true => format!("[{host}]"),
+        false => host.to_string(),
+    };
+    let connection: Vec<String> = connection.iter().map(|w| super::shell_word(w)).collect();
+    let mut words = vec!["hsxfer copy".to_string(), flags.to_string()];
+    words.extend(connection);
+    words.push(format!("SRC... {host}:DST"));
+    words.retain(|w| !w.is_empty());
+    words.join(" ")
 }
 
 /// The bottleneck rate as measured. Through random loss the first trial's channels were held
@@ -180,7 +220,7 @@ fn loss(share: f64, random: bool) -> String {
     }
 }
 
-fn human(host: &str, r: &ProbeReport, saved: Option<&PathBuf>) {
+fn human(host: &str, r: &ProbeReport, saved: &Saved, connection: &[String]) {
     outln!(
         "path to {host} ({}): rtt {:.2} ms, bottleneck {}, queue {}, {}, up to {} in flight per socket",
         r.direction.as_str(),
@@ -214,14 +254,15 @@ fn human(host: &str, r: &ProbeReport, saved: Option<&PathBuf>) {
             c.trials
         );
     }
-    outln!("recommended: hsxfer copy {} SRC... {host}:DST", r.flags);
+    outln!("recommended: {}", recommended(host, &r.flags, connection));
     match saved {
-        Some(p) => outln!(
+        Saved::At(p) => outln!(
             "saved as the profile of {host} ({}) in {}: copies and benches there use it unless told otherwise (--tune off)",
             r.direction.as_str(),
             shown(p)
         ),
-        None => outln!("not saved: no cache directory (set HOME or XDG_CACHE_HOME)"),
+        Saved::NoCache => outln!("not saved: no cache directory (set HOME or XDG_CACHE_HOME)"),
+        Saved::Failed => outln!("not saved: the profile could not be written (the warning above says why)"),
     }
     outln!("probe took {:.1} s", r.seconds);
 }
@@ -249,6 +290,24 @@ mod tests {
         assert_eq!(
             loss(0.00076, false),
             "loss 0.076 % (at the queue, not random)"
+        );
+    }
+
+    #[test]
+    fn the_recommended_copy_reaches_the_server_the_probe_did() {
+        let conn = vec![
+            "--port".to_string(),
+            "7621".to_string(),
+            "--token-file".to_string(),
+            "/etc/my token".to_string(),
+        ];
+        assert_eq!(
+            recommended("::1", "-n 8 --cc cubic", &conn),
+            "hsxfer copy -n 8 --cc cubic --port 7621 --token-file '/etc/my token' SRC... [::1]:DST"
+        );
+        assert_eq!(
+            recommended("dtn1", "-n 4", &[]),
+            "hsxfer copy -n 4 SRC... dtn1:DST"
         );
     }
 

@@ -6,9 +6,10 @@ use hsxfer::session::settle::{self, Profiled, Source};
 use hsxfer::{TransferOptions, TransferReport};
 
 use super::output::Mode;
-use super::probe::print_probe;
+use super::probe::{print_probe, Saved};
 
-/// Settles `opts` (see [`settle::settle`]), printing the probe that ran first and warnings.
+/// Settles `opts` (see [`settle::settle`]), printing the probe that ran first (with
+/// `connection`, the options that reach the server, in its recommended command) and warnings.
 pub async fn settle(
     source: Source,
     opts: &mut TransferOptions,
@@ -16,13 +17,18 @@ pub async fn settle(
     target: (&str, u16),
     direction: Direction,
     mode: Mode,
+    connection: &[String],
 ) -> anyhow::Result<Profiled> {
     let (profiled, settled) = settle::settle(source, opts, fixed, target, direction).await?;
     if let Some((report, saved)) = &settled.probe {
-        if let Err(e) = saved {
-            eprintln!("hsxfer: warning: {e}");
-        }
-        print_probe(mode, target.0, report, saved.as_ref().ok());
+        let saved = match saved {
+            Ok(p) => Saved::At(p.clone()),
+            Err(e) => {
+                eprintln!("hsxfer: warning: {e}");
+                Saved::Failed
+            }
+        };
+        print_probe(mode, target.0, report, &saved, connection);
     }
     for w in &settled.warnings {
         eprintln!("hsxfer: warning: {w}");

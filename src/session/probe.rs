@@ -279,6 +279,7 @@ pub use crate::fsio::profiles::unix_now;
 /// shorter than [`min_budget`]; else [`DEFAULT_BUDGET`], or the least the path needs where
 /// that is more (a fixed 10 s refused every path over about 127 ms).
 fn budget_for(given: Option<Duration>, rtt: Duration) -> Result<Duration> {
+    check_budget(given)?;
     let need = min_budget(rtt);
     match given {
         Some(given) if given < need => Err(Error::Usage(format!(
@@ -289,6 +290,30 @@ fn budget_for(given: Option<Duration>, rtt: Duration) -> Result<Duration> {
         ))),
         Some(given) => Ok(given),
         None => Ok(DEFAULT_BUDGET.max(need)),
+    }
+}
+
+/// The longest budget a probe takes (a day): its trials keep their length, and the pick
+/// ends it long before.
+pub const MAX_BUDGET: Duration = Duration::from_secs(86_400);
+
+/// Refuses a budget that no path could make right: more than [`MAX_BUDGET`], or less than
+/// the least a probe takes on a path of no delay. Checked before connecting, so that a
+/// probe that cannot run records nothing (a first contact would record the server's key).
+fn check_budget(given: Option<Duration>) -> Result<()> {
+    let least = min_budget(Duration::ZERO);
+    match given {
+        Some(g) if g > MAX_BUDGET => Err(Error::Usage(format!(
+            "a probe budget of {:.0} s is more than a probe may take: give a `budget` of at most {} s",
+            g.as_secs_f64(),
+            MAX_BUDGET.as_secs()
+        ))),
+        Some(g) if g < least => Err(Error::Usage(format!(
+            "a probe budget of {:.1} s is too short for any path: give a `budget` of {}s or more",
+            g.as_secs_f64(),
+            least.as_secs_f64().ceil()
+        ))),
+        _ => Ok(()),
     }
 }
 
@@ -307,6 +332,7 @@ async fn measure_and_rank(
     progress: &(dyn Fn(&ProbeStep) + Send + Sync),
 ) -> Result<ProbeReport> {
     let start = Instant::now();
+    check_budget(opts.budget)?;
     let base = TransferOptions {
         port: opts.port,
         auth: opts.auth.clone(),
@@ -626,5 +652,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("give a `budget` of 20s or more"), "{e}");
+        let e = budget_for(Some(Duration::from_secs(u64::MAX / 2)), ms(60))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at most 86400 s"), "{e}");
+        let e = check_budget(Some(ms(1_000))).unwrap_err().to_string();
+        assert!(
+            e.contains("too short for any path: give a `budget` of 5s or more"),
+            "{e}"
+        );
+        assert!(check_budget(Some(ms(5_000))).is_ok() && check_budget(None).is_ok());
     }
 }
