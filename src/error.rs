@@ -38,7 +38,7 @@ use crate::transport::route;
 #[non_exhaustive]
 pub enum Error {
     /// The host name did not resolve.
-    #[error("cannot resolve host '{host}': {source}")]
+    #[error("cannot resolve host '{host}': {source}{}", port_hint(.host))]
     Resolve {
         /// The name.
         host: String,
@@ -290,6 +290,19 @@ fn cc_not_in_force(
     }
 }
 
+/// What to do when a host that did not resolve looks like `NAME:PORT`: the port is an option
+/// of its own.
+fn port_hint(host: &str) -> &'static str {
+    match host.split_once(':') {
+        Some((name, port))
+            if !name.is_empty() && !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            " (give the port with `port`, not after the host)"
+        }
+        _ => "",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -353,6 +366,20 @@ mod tests {
             "{unlocked}"
         );
         assert!(!missing.contains('\n') && !unlocked.contains('\n'));
+    }
+
+    #[test]
+    fn a_host_that_names_a_port_is_told_where_the_port_goes() {
+        let e = |host: &str| {
+            Error::Resolve {
+                host: host.into(),
+                source: std::io::Error::other("Name or service not known"),
+            }
+            .to_string()
+        };
+        assert!(e("dtn1:7621").ends_with("(give the port with `port`, not after the host)"));
+        assert!(!e("dtn1").contains("give the port"));
+        assert!(!e("fe80::1").contains("give the port"));
     }
 
     #[test]

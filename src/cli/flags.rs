@@ -32,6 +32,7 @@ const FLAGS: &[(&str, &str)] = &[
     ("`pace`", "--pace"),
     ("`tune`", "--tune"),
     ("`rtt`", "--rtt"),
+    ("`port`", "--port"),
     ("`ssh`", "--ssh"),
     ("`cc`", "--cc"),
 ];
