@@ -611,6 +611,71 @@ fn a_failed_transfer_shows_its_notes_before_the_error() {
     );
 }
 
+/// A copy that a signal stops shows its set-up's notes (a first contact's recorded key, a
+/// tree's entries passed over) before its error, as a copy that fails does: dropped by the
+/// signal, it had left them unsaid.
+#[test]
+fn an_interrupted_copy_shows_its_notes_before_the_error() {
+    let root = tempfile::tempdir().unwrap();
+    let src = tempfile::tempdir().unwrap();
+    let tree = src.path().join("tree");
+    fs::create_dir(&tree).unwrap();
+    random_file(&tree.join("big"), 40 << 20, 21);
+    nix::unistd::mkfifo(
+        &tree.join("p"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    let known = src.path().join("known_servers");
+    let port = free_port();
+    let _server = serve(root.path(), port);
+    let p = port.to_string();
+    let mut copy = Command::new(BIN)
+        .args(["copy", "-r", "--json", "--no-auth", "--port", &p])
+        .args(["--pace", "4M", "--interval", "200ms", "--known-servers"])
+        .args([
+            known.to_str().unwrap(),
+            tree.to_str().unwrap(),
+            "127.0.0.1:t/",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Interrupted once data moves: after its first progress event.
+    let mut stdout = std::io::BufReader::new(copy.stdout.take().unwrap());
+    let mut seen = String::new();
+    while !seen.contains("\"type\":\"progress\"") {
+        let mut line = String::new();
+        let n = std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+        assert!(n > 0, "the copy ended before any progress: {seen}");
+        seen.push_str(&line);
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(copy.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    std::io::Read::read_to_string(&mut stdout, &mut seen).unwrap();
+    let out = copy.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    let events = common::validated_events(seen.as_bytes());
+    let last = events.len() - 1;
+    assert_eq!(events[last]["type"], "error", "{events:?}");
+    for note in ["client: first contact with", "client: not copied"] {
+        let at = events.iter().position(|e| {
+            e["type"] == "warning" && e["message"].as_str().unwrap().starts_with(note)
+        });
+        assert!(at.is_some_and(|i| i < last), "{note}: {events:?}");
+        let line = format!("hsxfer: warning: {note}");
+        assert!(
+            err.find(&line) < err.find("hsxfer: error: interrupted by SIGINT"),
+            "{err}"
+        );
+    }
+}
+
 #[test]
 fn json_events_follow_the_documented_schema() {
     let root = tempfile::tempdir().unwrap();
@@ -772,6 +837,25 @@ fn a_pull_into_stdout_keeps_the_data_apart_from_the_report() {
         };
         assert!(err.contains(report), "{err}");
     }
+    // With --json, stderr then carries the JSON stream alone: a failure's notes and error
+    // are events there, not lines for people among them.
+    let known = tempfile::tempdir().unwrap();
+    let ks = known.path().join("known_servers");
+    let out = hsxfer(&[
+        "copy",
+        "--json",
+        "--no-auth",
+        "--port",
+        &port,
+        "--known-servers",
+        ks.to_str().unwrap(),
+        "127.0.0.1:no-such-file",
+        "/dev/stdout",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let events = common::validated_events(&out.stderr);
+    let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["start", "warning", "error"], "{events:?}");
     // The child's /proc/self/fd/1 is /dev/stdout's target: the file it was redirected to.
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("out.bin");

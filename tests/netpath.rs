@@ -293,7 +293,7 @@ fn a_locked_route_congctl_stops_the_transfer_before_data_moves_in_both_direction
         // recorded on this first contact (a failed transfer shows its notes).
         let others = err
             .lines()
-            .filter(|l| !l.starts_with("hsxfer: warning: first contact with "));
+            .filter(|l| !l.starts_with("hsxfer: warning: client: first contact with "));
         assert_eq!(others.count(), 1, "{dir:?}: {err}");
         assert!(
             err.contains(&format!(

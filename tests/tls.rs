@@ -170,7 +170,7 @@ fn a_server_key_is_recorded_then_a_changed_key_is_refused() {
     let server = serve(root.path(), port, &key_a, &[]);
     let s = summary(&copy(&file, port, "one", &known_arg));
     let notes = s["tuning"]["notes"].to_string();
-    assert!(notes.contains("first contact"), "{notes}");
+    assert!(notes.contains("client: first contact with"), "{notes}");
     let line = format!("127.0.0.1:{port} {}\n", fingerprint(&key_a));
     assert_eq!(fs::read_to_string(&known).unwrap(), line);
     let s = summary(&copy(&file, port, "two", &known_arg));

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use hsxfer::fsio::operands::{self, Direction};
 use hsxfer::probe::{Direction as ProfileDirection, Fixed, ProbeOptions};
+use hsxfer::session::events::Event;
 use hsxfer::session::secure::Security;
 use hsxfer::session::settle::{settle, Source};
 use hsxfer::transport::tls::Fingerprint;
@@ -362,7 +363,8 @@ fn finish(py: Python<'_>, (report, warnings): Outcome) -> PyResult<String> {
             warned?;
         }
     }
-    json(&report.map_err(raise)?)
+    // The summary event's object, `type` and `schema` included, as docs/json.md gives it.
+    json(&Event::summary(&report.map_err(raise)?))
 }
 
 /// `copy(operands, options)`: the last operand is the destination; `HOST:PATH` operands are

@@ -84,6 +84,8 @@ def test_push_and_pull_a_tree_with_progress(served, tmp_path):
         progress=seen.append,
         interval=0.05,
     )
+    # The summary event of docs/json.md, as the command prints it.
+    assert (report["type"], report["schema"]) == ("summary", 2)
     assert report["operation"] == "push"
     assert report["verified"] is True
     assert report["files"] == 21

@@ -668,10 +668,28 @@ async fn until_stopped(
     work: impl std::future::Future<Output = anyhow::Result<bool>>,
     what_is_kept: &'static str,
 ) -> anyhow::Result<bool> {
-    tokio::select! {
-        r = work => r,
-        sig = stop_signal() => Err(Interrupted(sig, what_is_kept).into()),
+    let mut work = Box::pin(work);
+    let sig = tokio::select! {
+        r = &mut work => return r,
+        sig = stop_signal() => sig,
+    };
+    // Dropped first, so that its display is gone before its notes are printed.
+    drop(work);
+    let running = RUNNING.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some((mode, live)) = running {
+        warn_of_set_up(mode, &live);
     }
+    Err(Interrupted(sig, what_is_kept).into())
+}
+
+/// The running transfer's output mode and counters, so that a signal that drops it still
+/// shows the notes of its set-up before the error (a tree's entries passed over, a server
+/// key recorded on first contact), as a transfer that fails does.
+static RUNNING: std::sync::Mutex<Option<(Mode, Arc<LiveStats>)>> = std::sync::Mutex::new(None);
+
+/// Records the transfer now running for [`until_stopped`].
+fn running(mode: Mode, live: &Arc<LiveStats>) {
+    *RUNNING.lock().unwrap_or_else(|e| e.into_inner()) = Some((mode, live.clone()));
 }
 
 /// Runs a `lab` subcommand on a thread of its own until it ends or a stop signal arrives.
@@ -914,6 +932,7 @@ async fn copy(a: CopyArgs) -> anyhow::Result<bool> {
     let (opts, profiled) = a.transfer.settled(&host, way, remote.as_ref()).await?;
     output::start(mode, op, &host, opts.channels, opts.block_size);
     let live = Arc::new(LiveStats::new(opts.channels as usize));
+    running(mode, &live);
     let client = Client::new(&host, opts);
     let display = output::Live::start(mode, live.clone(), interval, trace.as_deref())?;
     let result = match dir {
@@ -957,6 +976,7 @@ async fn bench(a: BenchArgs) -> anyhow::Result<bool> {
     }
     output::start(mode, "bench", &a.host, opts.channels, opts.block_size);
     let live = Arc::new(LiveStats::new(opts.channels as usize));
+    running(mode, &live);
     let client = Client::new(&a.host, opts);
     let display = output::Live::start(
         mode,

@@ -65,6 +65,12 @@ pub fn stdout_line(args: std::fmt::Arguments<'_>) {
     }
 }
 
+/// Whether a line for people on stderr would land inside the JSON stream: with `--json`
+/// while a pull's data takes stdout, the events go to stderr themselves.
+fn json_on_stderr(mode: Mode) -> bool {
+    mode == Mode::Json && STDOUT_CARRIES_DATA.load(Ordering::Relaxed)
+}
+
 fn emit(event: &Event) {
     let line = serde_json::to_string(event).expect("events serialize");
     outln!("{line}");
@@ -356,7 +362,9 @@ pub fn warnings(mode: Mode, notes: &[String]) -> Vec<String> {
                 message: note.clone(),
             });
         }
-        eprintln!("hsxfer: warning: {}", printable(note));
+        if !json_on_stderr(mode) {
+            eprintln!("hsxfer: warning: {}", printable(note));
+        }
     }
     notes
 }
@@ -448,7 +456,8 @@ fn human_summary(r: &TransferReport) {
     }
 }
 
-/// Prints an error: an `error` event with `--json`, and always a line on stderr.
+/// Prints an error: an `error` event with `--json`, and a line on stderr unless the JSON
+/// stream is there (a pull to stdout), where the event says it.
 pub fn error(mode: Mode, e: &anyhow::Error) {
     let message = as_flags(&one_line(e));
     if mode == Mode::Json {
@@ -456,7 +465,9 @@ pub fn error(mode: Mode, e: &anyhow::Error) {
             message: message.clone(),
         });
     }
-    eprintln!("hsxfer: error: {}", printable(&message));
+    if !json_on_stderr(mode) {
+        eprintln!("hsxfer: error: {}", printable(&message));
+    }
 }
 
 /// The error and its causes on one line. The library's errors already name their cause

@@ -105,11 +105,11 @@ impl FirstContact {
         let FirstContact { file, server, key } = self;
         match file.record(&server, key) {
             Ok(()) => format!(
-                "first contact with {server}: its key {key} is now recorded in {}",
+                "client: first contact with {server}: its key {key} is now recorded in {}",
                 file.path().display()
             ),
             Err(e) => format!(
-                "first contact with {server} (key {key}); recording it in {} failed: {e}",
+                "client: first contact with {server} (key {key}); recording it in {} failed: {e}",
                 file.path().display()
             ),
         }

@@ -253,10 +253,12 @@ pub fn validated_events(stdout: &[u8]) -> Vec<serde_json::Value> {
             assert_eq!(&serde_json::to_value(&typed).unwrap(), e);
         }
     }
-    // The validator is not vacuous: a summary or a probe missing a field is rejected.
+    // The validator is not vacuous: a summary, a probe or an error missing a field is
+    // rejected.
     let mut broken = events.last().unwrap().clone();
     let field = match broken["type"].as_str() {
         Some("probe") => "loss_is_random",
+        Some("error") => "message",
         _ => "loss_sync",
     };
     broken.as_object_mut().unwrap().remove(field);
