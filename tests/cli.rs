@@ -544,20 +544,26 @@ fn a_servers_log_in_a_file_is_plain_text() {
     assert!(!text.contains('\x1b'), "{text:?}");
 }
 
+/// `dir/tree`, made holding a FIFO (`p`), which a tree push passes over with a note.
+fn tree_with_a_fifo(dir: &Path) -> std::path::PathBuf {
+    let tree = dir.join("tree");
+    fs::create_dir(&tree).unwrap();
+    nix::unistd::mkfifo(
+        &tree.join("p"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    tree
+}
+
 /// A transfer that fails still shows its set-up's notes, before the error: here the FIFO a
 /// tree push passed over, in both outputs (the summary that carries them never came).
 #[test]
 fn a_failed_transfer_shows_its_notes_before_the_error() {
     let root = tempfile::tempdir().unwrap();
     let src = tempfile::tempdir().unwrap();
-    let tree = src.path().join("tree");
-    fs::create_dir(&tree).unwrap();
+    let tree = tree_with_a_fifo(src.path());
     fs::write(tree.join("f"), b"a file where the server has a directory").unwrap();
-    nix::unistd::mkfifo(
-        &tree.join("p"),
-        nix::sys::stat::Mode::from_bits_truncate(0o600),
-    )
-    .unwrap();
     fs::create_dir_all(root.path().join("bad/tree/f")).unwrap();
     let port = free_port();
     let _server = serve(root.path(), port);
@@ -618,14 +624,8 @@ fn a_failed_transfer_shows_its_notes_before_the_error() {
 fn an_interrupted_copy_shows_its_notes_before_the_error() {
     let root = tempfile::tempdir().unwrap();
     let src = tempfile::tempdir().unwrap();
-    let tree = src.path().join("tree");
-    fs::create_dir(&tree).unwrap();
+    let tree = tree_with_a_fifo(src.path());
     random_file(&tree.join("big"), 40 << 20, 21);
-    nix::unistd::mkfifo(
-        &tree.join("p"),
-        nix::sys::stat::Mode::from_bits_truncate(0o600),
-    )
-    .unwrap();
     let known = src.path().join("known_servers");
     let port = free_port();
     let _server = serve(root.path(), port);
