@@ -689,6 +689,13 @@ fn json_events_follow_the_documented_schema() {
         args.extend(["127.0.0.1:f", "/dev/null"]);
         hsxfer(&args)
     };
+    // A pull's report holds the sending server's tuner, even one that neither paced nor
+    // decided anything (the pacing given): it was null.
+    let out = pull(&["-n", "2", "--pace", "200M"]);
+    assert!(out.status.success());
+    let events = common::validated_events(&out.stdout);
+    let online = &events.last().unwrap()["tuning"]["online"];
+    assert_eq!(online["channels"], 2, "{online}");
     let out = pull(&["-n", "3"]);
     assert!(out.status.success());
     let events = common::validated_events(&out.stdout);

@@ -80,6 +80,11 @@ impl SendingSide {
         tuner: Option<OnlineTuner>,
         channels: &[crate::transport::tls::Stream],
     ) -> crate::Result<SendingSide> {
+        // The report from the start: a pulling client gets this copy, and a tuner that never
+        // acts nor decides (a short pull, a pull with --pace) would otherwise leave it none.
+        if let Some(t) = &tuner {
+            live.telemetry.set_tuner(t.report().clone());
+        }
         let gate = tuner
             .as_ref()
             .map(|t| Arc::new(watch::channel(if t.holds_channels() { 1 } else { u16::MAX }).0));
