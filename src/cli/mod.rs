@@ -142,17 +142,6 @@ fn connection_flags(port: u16, auth: &AuthArgs, security: &SecurityArgs) -> Vec<
     flags
 }
 
-/// `word` as one shell word: as it is when it holds only characters no shell treats
-/// specially, else in single quotes.
-fn shell_word(word: &str) -> String {
-    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./:=@+,%".contains(c);
-    if !word.is_empty() && word.chars().all(plain) {
-        word.to_string()
-    } else {
-        format!("'{}'", word.replace('\'', "'\\''"))
-    }
-}
-
 /// A client's encryption and which server keys it accepts.
 #[derive(Args)]
 pub(crate) struct SecurityArgs {

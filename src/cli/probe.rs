@@ -10,6 +10,7 @@ use hsxfer::channels::control::Policy;
 use hsxfer::probe::{
     probe, Direction, ProbeOptions, ProbeReport, ProbeStep, ProfileError, ProfileStore,
 };
+use hsxfer::session::ssh::shell_quote;
 use hsxfer::DEFAULT_PORT;
 use serde_json::json;
 
@@ -174,7 +175,7 @@ fn recommended(host: &str, flags: &str, connection: &[String]) -> String {
         true => format!("[{host}]"),
         false => host.to_string(),
     };
-    let connection: Vec<String> = connection.iter().map(|w| super::shell_word(w)).collect();
+    let connection: Vec<String> = connection.iter().map(|w| shell_quote(w)).collect();
     let mut words = vec!["hsxfer copy".to_string(), flags.to_string()];
     words.extend(connection);
     words.push(format!("SRC... {host}:DST"));

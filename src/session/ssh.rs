@@ -193,8 +193,18 @@ impl OneShot {
     }
 }
 
-/// Quotes a word for a POSIX shell.
-fn shell_quote(w: &str) -> String {
+/// Quotes a word for a POSIX shell: as it is when no shell treats any of its characters
+/// specially, else in single quotes.
+///
+/// # Examples
+///
+/// ```
+/// use hsxfer::session::ssh::shell_quote;
+///
+/// assert_eq!(shell_quote("--port"), "--port");
+/// assert_eq!(shell_quote("/etc/my token"), "'/etc/my token'");
+/// ```
+pub fn shell_quote(w: &str) -> String {
     if !w.is_empty()
         && w.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"/._-=:@+,".contains(&b))
