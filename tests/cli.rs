@@ -568,45 +568,38 @@ fn a_failed_transfer_shows_its_notes_before_the_error() {
     let port = free_port();
     let _server = serve(root.path(), port);
     let p = port.to_string();
-    let copy = [
-        "copy",
-        "-r",
-        "--no-auth",
-        "--port",
-        &p,
-        tree.to_str().unwrap(),
-        "127.0.0.1:bad/",
-    ];
-    let human = hsxfer(&copy);
+    let push = |dest: &str, extra: &[&str]| {
+        let copy = [
+            "copy",
+            "-r",
+            "--no-auth",
+            "--port",
+            &p,
+            tree.to_str().unwrap(),
+        ];
+        hsxfer(&[&copy[..], &[dest], extra].concat())
+    };
+    // The note comes before the error line, whatever the error.
+    let noted_before = |err: &str, error: &str| {
+        let (warning, error) = (
+            err.find("hsxfer: warning: client: not copied"),
+            err.find(error),
+        );
+        assert!(warning.is_some() && warning < error, "{err}");
+    };
+    let human = push("127.0.0.1:bad/", &[]);
     let err = String::from_utf8_lossy(&human.stderr);
     assert!(!human.status.success(), "{err}");
-    let (warning, error) = (
-        err.find("hsxfer: warning: client: not copied"),
-        err.find("hsxfer: error:"),
-    );
-    assert!(warning.is_some() && warning < error, "{err}");
+    noted_before(&err, "hsxfer: error:");
     // The same when the server refuses the push outright (no such directory).
-    let refused = [
-        "copy",
-        "-r",
-        "--no-auth",
-        "--port",
-        &p,
-        tree.to_str().unwrap(),
-        "127.0.0.1:no/such/",
-    ];
-    let err = String::from_utf8_lossy(&hsxfer(&refused).stderr).to_string();
-    let (warning, error) = (
-        err.find("hsxfer: warning: client: not copied"),
-        err.find("hsxfer: error: server refused"),
+    let refused = push("127.0.0.1:no/such/", &[]);
+    noted_before(
+        &String::from_utf8_lossy(&refused.stderr),
+        "hsxfer: error: server refused",
     );
-    assert!(warning.is_some() && warning < error, "{err}");
 
-    let json = hsxfer(&[&copy[..], &["--json"]].concat());
-    let events: Vec<serde_json::Value> = String::from_utf8_lossy(&json.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let json = push("127.0.0.1:bad/", &["--json"]);
+    let events = common::validated_events(&json.stdout);
     let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
     assert_eq!(types.last(), Some(&"error"), "{events:?}");
     assert!(
