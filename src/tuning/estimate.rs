@@ -33,6 +33,9 @@ struct Track {
     delivered_bytes: u64,
     /// `(t, delivery rate)` of every reading with progress, for maxima over a span.
     rate_history: VecDeque<(f64, u64)>,
+    /// Readings in a row without progress, and when progress last resumed after any.
+    quiet_readings: u32,
+    last_gap_at: Option<f64>,
     /// `(t, busy_us, window_limited_us)` readings, for the window-limited fraction.
     limits: VecDeque<(f64, u64, u64)>,
 }
@@ -83,6 +86,14 @@ impl PathEstimator {
                 Some((_, prev)) => s.delivered.saturating_sub(prev.delivered),
                 None => s.delivered.saturating_sub(1),
             };
+            if moved == 0 {
+                tr.quiet_readings += 1;
+            } else {
+                if tr.quiet_readings > 0 && tr.delivered_bytes > 0 {
+                    tr.last_gap_at = Some(t);
+                }
+                tr.quiet_readings = 0;
+            }
             if moved > 0 {
                 tr.delivered_bytes += moved as u64 * s.mss.max(1) as u64;
                 tr.rate_history.push_back((t, s.delivery_rate));
@@ -157,6 +168,30 @@ impl PathEstimator {
                 .max()
                 .unwrap_or(0) as f64
         })
+    }
+
+    /// When channel i's deliveries last resumed after a reading without any (a gap in its
+    /// ACK stream, or an idle spell): the ACKs held up by a busy host are then read together,
+    /// and the kernel's samples that span the gap read high.
+    pub fn last_gap_at(&self, i: usize) -> Option<f64> {
+        self.tracks.get(i)?.last_gap_at
+    }
+
+    /// The mean of channel i's delivery-rate samples since `since` (one per tick that
+    /// delivered), bytes/s; 0 with none. Unlike the highest, one sample inflated by ACKs that
+    /// a busy host read late and then together moves it little.
+    pub fn channel_mean_rate_since(&self, i: usize, since: f64) -> f64 {
+        let (sum, n) = self.tracks.get(i).map_or((0, 0), |tr| {
+            tr.rate_history
+                .iter()
+                .filter(|(t, _)| *t >= since)
+                .fold((0u64, 0u64), |(sum, n), (_, r)| (sum + r, n + 1))
+        });
+        if n == 0 {
+            0.0
+        } else {
+            sum as f64 / n as f64
+        }
     }
 
     /// What all channels delivered since `since` by the kernel's own measure, bytes/s: the
@@ -319,6 +354,9 @@ mod tests {
         }
         assert_eq!(e.channel_rate_since(0, 0.0), 50.0);
         assert_eq!(e.channel_rate_since(0, 0.04), 8.0);
+        assert_eq!(e.channel_mean_rate_since(0, 0.04), 34.0 / 5.0);
+        assert_eq!(e.channel_mean_rate_since(0, 0.09), 0.0);
+        assert_eq!(e.channel_mean_rate_since(1, 0.0), 0.0, "no such channel");
     }
 
     #[test]

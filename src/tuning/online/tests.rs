@@ -312,6 +312,71 @@ fn the_meter_fills_a_10_gbits_path_of_240_ms() {
     assert!((measured / (10.0 * GBIT) - 1.0).abs() < 0.05, "{rep:?}");
 }
 
+/// Channel 0's rows of a first copy's `hsxfer copy --trace` on path (a) (1 Gbit/s × 60 ms ×
+/// 64 packets, 956.4 Mbit/s of goodput), up to three rounds after the meter's loss, fed to a
+/// tuner whose four channels are held: its report, and the highest delivery-rate sample of
+/// the rows, bytes/s.
+fn replay_meter(trace: &str) -> (TunerReport, f64) {
+    let mut lines = trace.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let mut tuner = OnlineTuner::new(config(4, 4, None));
+    let mut est = PathEstimator::new();
+    for line in lines {
+        let row: Vec<&str> = line.split(',').collect();
+        let col = |name: &str| -> u64 {
+            let i = header.iter().position(|h| *h == name).unwrap();
+            row[i].parse().unwrap()
+        };
+        let s = TcpSample {
+            cwnd: col("cwnd") as u32,
+            ssthresh: col("ssthresh") as u32,
+            rtt_us: col("rtt_us") as u32,
+            min_rtt_us: col("min_rtt_us") as u32,
+            ca_state: col("ca_state") as u8,
+            retrans: col("retrans") as u32,
+            total_retrans: col("total_retrans") as u32,
+            delivery_rate: col("delivery_rate_bps") / 8,
+            pacing_rate: col("pacing_rate_bps") / 8,
+            bytes_acked: col("bytes_acked"),
+            mss: 1448,
+            delivered: col("delivered") as u32,
+            busy_us: col("busy_us"),
+            rwnd_limited_us: col("rwnd_limited_us"),
+            sndbuf_limited_us: col("sndbuf_limited_us"),
+            notsent_bytes: col("notsent_bytes") as u32,
+            snd_wnd: col("snd_wnd") as u32,
+        };
+        let t: f64 = row[0].parse().unwrap();
+        let tick = est.observe(t, &[Some(s), None, None, None]);
+        tuner.on_tick(&est, &tick);
+    }
+    (tuner.report().clone(), est.channel_rate_since(0, 0.0))
+}
+
+#[test]
+fn a_meter_whose_acks_stalled_reads_what_its_samples_sustained_not_the_highest() {
+    let link = 956.4e6 / 8.0;
+    // The host read the meter's ACKs late around its loss: its samples rose to 1,084 Mbit/s
+    // after the gap. Read as the highest, the caps went 10 % over the link and the copy
+    // moved 80 % of it.
+    let (rep, highest) = replay_meter(include_str!("testdata/meter_gap_high.csv"));
+    assert!(
+        highest > 1.1 * link,
+        "the trace holds the inflated samples: {highest}"
+    );
+    assert_eq!(rep.meter, Some(MeterEnd::Full), "{rep:?}");
+    let measured = rep.measured_bps.unwrap() as f64 / 8.0;
+    assert!(measured <= link && measured > 0.9 * link, "{rep:?}");
+    // A gap as well, but samples that held near the link: the reading stands.
+    let (rep, highest) = replay_meter(include_str!("testdata/meter_gap_right.csv"));
+    assert_eq!(rep.meter, Some(MeterEnd::Full), "{rep:?}");
+    let measured = rep.measured_bps.unwrap() as f64 / 8.0;
+    assert!(
+        measured <= link && measured >= 0.995 * highest,
+        "{rep:?}, highest {highest}"
+    );
+}
+
 #[test]
 fn random_loss_is_seen_and_channels_are_added_but_never_taken_away() {
     let path = path_60ms(GBIT * 0.06, 1e-4);
