@@ -266,8 +266,34 @@ pub fn validated_events(stdout: &[u8]) -> Vec<serde_json::Value> {
     events
 }
 
-/// A loopback port nothing listens on right now.
+/// A loopback port nothing uses right now, below the kernel's ephemeral range. A port the
+/// kernel picked from that range (bind to port 0) could go to another test's outgoing
+/// connection before the server under test bound it: the server then exited and a test
+/// waited in vain for it to listen (CI, `tests/tls.rs`). Ports below the range are never
+/// handed out that way. The ports returned are 32 apart, and each call in a test process
+/// tries the next: an MPTCP server also takes the ports above its own for its subflows, and
+/// leaves them announced when it is killed.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    const LOWEST: u16 = 20_000;
+    const STRIDE: u16 = 32;
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let ephemeral_start = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    let slots = ephemeral_start.saturating_sub(LOWEST) / STRIDE;
+    if slots > 4 {
+        // Each test binary starts somewhere else.
+        let first = (std::process::id() % u32::from(slots)) as u16;
+        for _ in 0..slots {
+            let slot = (first + NEXT.fetch_add(1, Ordering::Relaxed) % slots) % slots;
+            let port = LOWEST + slot * STRIDE;
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
