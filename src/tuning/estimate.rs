@@ -23,6 +23,11 @@ use crate::metrics::LossDetector;
 /// How far back the aggregate history reaches, seconds.
 const HISTORY_S: f64 = 30.0;
 
+/// A reading that shows no delivery this long after the last one that did is a gap in the
+/// channel's ACK stream: half of the sampler's 10 ms tick. A tick that came late is followed
+/// at once by the next, which shows nothing new and is no gap.
+const GAP_S: f64 = 0.005;
+
 /// One channel as the estimator follows it.
 #[derive(Debug, Clone, Default)]
 struct Track {
@@ -33,8 +38,10 @@ struct Track {
     delivered_bytes: u64,
     /// `(t, delivery rate)` of every reading with progress, for maxima over a span.
     rate_history: VecDeque<(f64, u64)>,
-    /// Readings in a row without progress, and when progress last resumed after any.
-    quiet_readings: u32,
+    /// When the last reading with progress came, whether a reading since showed a gap
+    /// ([`GAP_S`]), and when progress last resumed after one.
+    last_progress_at: Option<f64>,
+    gap_open: bool,
     last_gap_at: Option<f64>,
     /// `(t, busy_us, window_limited_us)` readings, for the window-limited fraction.
     limits: VecDeque<(f64, u64, u64)>,
@@ -86,15 +93,14 @@ impl PathEstimator {
                 Some((_, prev)) => s.delivered.saturating_sub(prev.delivered),
                 None => s.delivered.saturating_sub(1),
             };
-            if moved == 0 {
-                tr.quiet_readings += 1;
-            } else {
-                if tr.quiet_readings > 0 && tr.delivered_bytes > 0 {
-                    tr.last_gap_at = Some(t);
-                }
-                tr.quiet_readings = 0;
+            if moved == 0 && tr.last_progress_at.is_some_and(|p| t - p >= GAP_S) {
+                tr.gap_open = true;
             }
             if moved > 0 {
+                if std::mem::take(&mut tr.gap_open) {
+                    tr.last_gap_at = Some(t);
+                }
+                tr.last_progress_at = Some(t);
                 tr.delivered_bytes += moved as u64 * s.mss.max(1) as u64;
                 tr.rate_history.push_back((t, s.delivery_rate));
                 while tr
@@ -170,9 +176,10 @@ impl PathEstimator {
         })
     }
 
-    /// When channel i's deliveries last resumed after a reading without any (a gap in its
-    /// ACK stream, or an idle spell): the ACKs held up by a busy host are then read together,
-    /// and the kernel's samples that span the gap read high.
+    /// When channel i's deliveries last resumed after a reading that showed none, taken half
+    /// a sampler tick (5 ms) or more after the last that did (a gap in its ACK stream, or an
+    /// idle spell): the ACKs held up by a busy host are then read together, and the kernel's
+    /// samples that span the gap read high.
     pub fn last_gap_at(&self, i: usize) -> Option<f64> {
         self.tracks.get(i)?.last_gap_at
     }
@@ -327,6 +334,29 @@ mod tests {
         let rate = e.delivery_rate_since(0.9).unwrap();
         assert!((rate - 6e6).abs() < 1.0, "{rate}");
         assert!(e.delivery_rate_since(1.5).is_none());
+    }
+
+    #[test]
+    fn a_gap_is_a_span_of_ticks_without_deliveries_not_a_reading_taken_at_once() {
+        let mut e = PathEstimator::new();
+        let mut d = 1u32;
+        let mut feed = |e: &mut PathEstimator, t: f64, moved: u32| {
+            d += moved;
+            e.observe(t, &[Some(reading(d, 1_000_000)), None]);
+        };
+        // The first delivery is no gap, nor a reading without one taken 0.1 ms after the last
+        // (a late tick's successor).
+        feed(&mut e, 0.00, 10);
+        feed(&mut e, 0.01, 10);
+        feed(&mut e, 0.0101, 0);
+        feed(&mut e, 0.02, 10);
+        assert_eq!(e.last_gap_at(0), None);
+        // A tick without a delivery, then ACKs read together.
+        feed(&mut e, 0.03, 0);
+        feed(&mut e, 0.04, 20);
+        assert_eq!(e.last_gap_at(0), Some(0.04));
+        assert_eq!(e.last_gap_at(1), None, "a channel with no socket");
+        assert_eq!(e.last_gap_at(2), None, "no such channel");
     }
 
     #[test]
