@@ -194,14 +194,15 @@ fn an_interrupted_mptcp_copy_puts_the_path_managers_limits_back() {
     let endpoints = || ns.ip_mptcp("endpoint");
     let src = tempfile::tempdir().unwrap();
     random_file(&src.path().join("big"), 300 << 20, 13);
+    // One port for both rounds: the second round's server takes over the subflow ports the
+    // killed first one left announced.
+    let port = free_port();
+    let p = port.to_string();
     for (signal, code) in [(Signal::SIGINT, 130), (Signal::SIGHUP, 129)] {
         let root = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let p = port.to_string();
         let _server = ns.serve(root.path(), port, &["--mptcp"], &[("PATH", &path)]);
         // The server announces 8 subflow ports, raising the subflow limit for them, before
         // it listens: a client that raised the limits meanwhile had its raise written over.
-        // (The second round's server takes over the ports the killed first one left.)
         assert_eq!(endpoints().lines().count(), 8, "{}", endpoints());
         let before = limits();
         let mut copy = ns.command(BIN);

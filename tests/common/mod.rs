@@ -272,7 +272,8 @@ pub fn validated_events(stdout: &[u8]) -> Vec<serde_json::Value> {
 /// waited in vain for it to listen (CI, `tests/tls.rs`). Ports below the range are never
 /// handed out that way. The ports returned are 32 apart, and each call in a test process
 /// tries the next: an MPTCP server also takes the ports above its own for its subflows, and
-/// leaves them announced when it is killed.
+/// leaves them announced when it is killed. Where the range starts below 20,160 (or cannot
+/// be read, and is taken to start at 32,768 as is usual), the kernel's pick is the fallback.
 pub fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU16, Ordering};
     const LOWEST: u16 = 20_000;
