@@ -47,6 +47,20 @@ struct Track {
     limits: VecDeque<(f64, u64, u64)>,
 }
 
+impl Track {
+    /// The mean of the delivery-rate samples since `since`, bytes/s; `None` with none.
+    fn mean_rate_since(&self, since: f64) -> Option<f64> {
+        // Called every tick over up to 30 s of history: walk back over the span asked for.
+        let (sum, n) = self
+            .rate_history
+            .iter()
+            .rev()
+            .take_while(|(t, _)| *t >= since)
+            .fold((0u64, 0u64), |(sum, n), (_, r)| (sum + r, n + 1));
+        (n > 0).then(|| sum as f64 / n as f64)
+    }
+}
+
 /// Everything one sampling tick taught, for the tuner's decisions.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Tick {
@@ -188,17 +202,10 @@ impl PathEstimator {
     /// delivered), bytes/s; 0 with none. Unlike the highest, one sample inflated by ACKs that
     /// a busy host read late and then together moves it little.
     pub fn channel_mean_rate_since(&self, i: usize, since: f64) -> f64 {
-        let (sum, n) = self.tracks.get(i).map_or((0, 0), |tr| {
-            tr.rate_history
-                .iter()
-                .filter(|(t, _)| *t >= since)
-                .fold((0u64, 0u64), |(sum, n), (_, r)| (sum + r, n + 1))
-        });
-        if n == 0 {
-            0.0
-        } else {
-            sum as f64 / n as f64
-        }
+        self.tracks
+            .get(i)
+            .and_then(|tr| tr.mean_rate_since(since))
+            .unwrap_or(0.0)
     }
 
     /// What all channels delivered since `since` by the kernel's own measure, bytes/s: the
@@ -209,17 +216,12 @@ impl PathEstimator {
     /// (never above the caps' 935) and 933 ± 14.5 (up to 989) from the delivered counts.
     pub fn delivery_rate_since(&self, since: f64) -> Option<f64> {
         let mut total = None;
-        for tr in &self.tracks {
-            // Called every tick over up to 30 s of history: walk back over the span asked for.
-            let (sum, n) = tr
-                .rate_history
-                .iter()
-                .rev()
-                .take_while(|(t, _)| *t >= since)
-                .fold((0u64, 0u64), |(sum, n), (_, r)| (sum + r, n + 1));
-            if n > 0 {
-                *total.get_or_insert(0.0) += sum as f64 / n as f64;
-            }
+        for mean in self
+            .tracks
+            .iter()
+            .filter_map(|tr| tr.mean_rate_since(since))
+        {
+            *total.get_or_insert(0.0) += mean;
         }
         total
     }
