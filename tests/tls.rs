@@ -284,3 +284,25 @@ fn clear_text_needs_both_ends_to_allow_it() {
     assert_eq!(e.trim().lines().count(), 1, "{e}");
     assert!(!root.path().join("f").exists());
 }
+
+#[test]
+fn a_server_refused_for_its_root_makes_no_key() {
+    let keys = tempdir();
+    let key = keys.path().join("key");
+    let missing = keys.path().join("no-such-root");
+    let out = Command::new(BIN)
+        .args(["serve", "--no-auth", "--port", &free_port().to_string()])
+        .arg("--key-file")
+        .arg(&key)
+        .arg("--root")
+        .arg(&missing)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("server root") && stderr(&out).contains("no-such-root"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!key.exists(), "a key was made for a server that never ran");
+}

@@ -797,6 +797,9 @@ async fn serve(a: ServeArgs) -> anyhow::Result<bool> {
         IpAddr::from([0, 0, 0, 0])
     });
     let port = a.port.unwrap_or(if a.stdio { 0 } else { DEFAULT_PORT });
+    // A root that cannot be served is refused before a first run makes the server's key.
+    hsxfer::fsio::root::Scope::confined(&root)
+        .with_context(|| format!("server root {}", root.display()))?;
     let identity = if a.stdio {
         // A one-shot server's key lives as long as it does; its client learns it over SSH.
         ServerIdentity::generate()?
