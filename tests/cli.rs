@@ -1597,3 +1597,55 @@ fn the_help_names_every_bundled_congestion_control() {
     let top = String::from_utf8(hsxfer(&["--help"]).stdout).unwrap();
     assert!(top.contains(&format!("({})", names.join(", "))), "{top}");
 }
+
+/// A copy that cannot connect leaves the last run's `--trace` file as it was and makes no
+/// new one; a copy that runs replaces it with its own trace.
+#[test]
+fn a_copy_that_never_connects_keeps_the_last_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src.bin");
+    random_file(&src, 8 << 20, 3);
+    let (kept, fresh) = (dir.path().join("kept.csv"), dir.path().join("fresh.csv"));
+    fs::write(&kept, "last run's trace\n").unwrap();
+    let closed = free_port().to_string();
+    for trace in [&kept, &fresh] {
+        let out = hsxfer(&[
+            "copy",
+            "--no-auth",
+            "--port",
+            &closed,
+            "--trace",
+            trace.to_str().unwrap(),
+            src.to_str().unwrap(),
+            "127.0.0.1:x",
+        ]);
+        assert!(!out.status.success());
+    }
+    assert_eq!(fs::read_to_string(&kept).unwrap(), "last run's trace\n");
+    assert!(
+        !fresh.exists(),
+        "a trace file was left by a copy that never ran"
+    );
+    let root = dir.path().join("root");
+    fs::create_dir(&root).unwrap();
+    let port = free_port();
+    let _server = serve(&root, port);
+    let out = hsxfer(&[
+        "copy",
+        "--no-auth",
+        "--port",
+        &port.to_string(),
+        "--trace",
+        kept.to_str().unwrap(),
+        src.to_str().unwrap(),
+        "127.0.0.1:x",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = fs::read_to_string(&kept).unwrap();
+    assert!(text.starts_with("t_s,channel,cwnd,"), "{text}");
+    assert!(text.lines().count() > 1, "{text}");
+}

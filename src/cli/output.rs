@@ -4,9 +4,9 @@
 
 use super::flags::as_flags;
 use hsxfer::transport::Transport;
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, IsTerminal, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -92,23 +92,50 @@ pub fn start(mode: Mode, operation: &str, host: &str, channels: u16, block_size:
 /// The CSV header of a `--trace` file.
 const TRACE_HEADER: &str = "t_s,channel,cwnd,ssthresh,rtt_us,min_rtt_us,ca_state,retrans,total_retrans,delivery_rate_bps,pacing_rate_bps,bytes_acked,delivered,busy_us,rwnd_limited_us,sndbuf_limited_us,notsent_bytes,snd_wnd";
 
-/// Writes `--trace` samples as CSV.
-struct TraceWriter(BufWriter<File>);
+/// Writes `--trace` samples as CSV. A file that already holds a trace is replaced only once
+/// the first samples come, so a copy that fails to connect leaves the last run's trace as it
+/// was; a file made for this run and never written is removed.
+struct TraceWriter {
+    path: PathBuf,
+    file: BufWriter<File>,
+    /// The file did not exist before this run.
+    made: bool,
+    /// The header (and so the start of this run's trace) is written.
+    started: bool,
+}
 
 impl TraceWriter {
+    /// Opens `path` for writing without truncating it, so that an unwritable path fails at
+    /// once, before any data moves.
     fn create(path: &Path) -> anyhow::Result<TraceWriter> {
-        let f = File::create(path)
+        let made = std::fs::symlink_metadata(path).is_err();
+        let f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
             .with_context(|| format!("creating trace file {}", path.display()))?;
-        let mut w = BufWriter::new(f);
-        writeln!(w, "{TRACE_HEADER}")?;
-        Ok(TraceWriter(w))
+        Ok(TraceWriter {
+            path: path.to_path_buf(),
+            file: BufWriter::new(f),
+            made,
+            started: false,
+        })
     }
 
     fn write(&mut self, samples: &[Sample]) -> std::io::Result<()> {
+        if samples.is_empty() {
+            return Ok(());
+        }
+        if !self.started {
+            self.file.get_ref().set_len(0)?;
+            writeln!(self.file, "{TRACE_HEADER}")?;
+            self.started = true;
+        }
         for s in samples {
             let t = &s.tcp;
             writeln!(
-                self.0,
+                self.file,
                 "{:.4},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
                 s.t,
                 s.channel,
@@ -130,7 +157,15 @@ impl TraceWriter {
                 t.snd_wnd
             )?;
         }
-        self.0.flush()
+        self.file.flush()
+    }
+}
+
+impl Drop for TraceWriter {
+    fn drop(&mut self) {
+        if self.made && !self.started {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
