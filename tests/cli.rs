@@ -1356,6 +1356,38 @@ fn probe_and_profiles_give_one_line_errors_and_warnings() {
         err.contains("unreadable") && err.contains("will be rewritten") && other.len() == 1,
         "{err}"
     );
+    // With --json it is a `warning` event and one of the summary's notes.
+    fs::write(&file, "{\"server\": 12").unwrap();
+    let out = hsxfer(&[
+        "bench",
+        "--no-auth",
+        "--json",
+        "--port",
+        &p,
+        "--size",
+        "4M",
+        "127.0.0.1",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let events: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let unreadable = |v: &serde_json::Value| v.as_str().is_some_and(|m| m.contains("unreadable"));
+    assert!(
+        events
+            .iter()
+            .any(|e| e["type"] == "warning" && unreadable(&e["message"])),
+        "{events:#?}"
+    );
+    let last = events.last().unwrap();
+    assert!(
+        last["type"] == "summary"
+            && last["tuning"]["notes"]
+                .as_array()
+                .is_some_and(|n| n.iter().any(unreadable)),
+        "{last:#}"
+    );
 }
 
 #[test]

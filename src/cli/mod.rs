@@ -449,7 +449,7 @@ impl TransferArgs {
         host: &str,
         direction: ProfileDirection,
         remote: Option<&OneShot>,
-    ) -> anyhow::Result<(TransferOptions, hsxfer::session::settle::Profiled)> {
+    ) -> anyhow::Result<(TransferOptions, Settled)> {
         let mut opts = self.options(remote)?;
         let profile_port = match remote {
             Some(_) => hsxfer::session::settle::SSH_PROFILE_PORT,
@@ -459,7 +459,7 @@ impl TransferArgs {
             Some(_) => vec!["--ssh".to_string()],
             None => connection_flags(opts.port, &self.auth, &self.security),
         };
-        let p = tune::settle(
+        let (profiled, notes) = tune::settle(
             self.tune,
             &mut opts,
             self.fixed(),
@@ -469,7 +469,7 @@ impl TransferArgs {
             &connection,
         )
         .await?;
-        Ok((opts, p))
+        Ok((opts, Settled { profiled, notes }))
     }
 }
 
@@ -921,9 +921,10 @@ async fn copy(a: CopyArgs) -> anyhow::Result<bool> {
         .trim_start_matches('[')
         .trim_end_matches(']')
         .to_string();
-    let (opts, profiled) = a.transfer.settled(&host, way, remote.as_ref()).await?;
+    let (opts, settled) = a.transfer.settled(&host, way, remote.as_ref()).await?;
     output::start(mode, op, &host, opts.channels, opts.block_size);
     let live = Arc::new(LiveStats::new(opts.channels as usize));
+    live.add_notes(&settled.notes);
     running(mode, &live);
     let client = Client::new(&host, opts);
     let display = output::Live::start(mode, live.clone(), interval, trace.as_deref())?;
@@ -940,9 +941,7 @@ async fn copy(a: CopyArgs) -> anyhow::Result<bool> {
     if let Some(r) = remote {
         r.finish().await;
     }
-    let report = result.inspect_err(|_| warn_of_set_up(mode, &live))?;
-    tune::learn(&profiled, &report);
-    finish(mode, report)
+    finish(mode, result, &settled, &live)
 }
 
 async fn bench(a: BenchArgs) -> anyhow::Result<bool> {
@@ -962,12 +961,13 @@ async fn bench(a: BenchArgs) -> anyhow::Result<bool> {
         .trim_start_matches('[')
         .trim_end_matches(']')
         .to_string();
-    let (mut opts, profiled) = a.transfer.settled(&host, way, None).await?;
+    let (mut opts, settled) = a.transfer.settled(&host, way, None).await?;
     if a.transfer.block_size.is_none() && matches!(amount, BenchAmount::Seconds(_)) {
         opts.block_size = hsxfer::tuning::defaults::TIMED_BENCH_BLOCK;
     }
     output::start(mode, "bench", &a.host, opts.channels, opts.block_size);
     let live = Arc::new(LiveStats::new(opts.channels as usize));
+    live.add_notes(&settled.notes);
     running(mode, &live);
     let client = Client::new(&a.host, opts);
     let display = output::Live::start(
@@ -978,18 +978,34 @@ async fn bench(a: BenchArgs) -> anyhow::Result<bool> {
     )?;
     let result = client.bench(direction, amount, &live).await;
     display.finish().await?;
-    let report = result.inspect_err(|_| warn_of_set_up(mode, &live))?;
-    tune::learn(&profiled, &report);
-    finish(mode, report)
+    finish(mode, result, &settled, &live)
 }
 
-/// A failed transfer's set-up notes, shown before its error: the summary that would have
-/// carried them never comes.
-fn warn_of_set_up(mode: Mode, live: &LiveStats) {
-    output::warnings(mode, &live.notes());
+/// What `--tune` settled for a transfer: where to save what it learns, and its notes
+/// (shown first among the transfer's own).
+struct Settled {
+    profiled: hsxfer::session::settle::Profiled,
+    notes: Vec<String>,
 }
 
-fn finish(mode: Mode, r: TransferReport) -> anyhow::Result<bool> {
+/// Reports a transfer: its summary, with the notes of its settling first, or, when it
+/// failed, the notes known by then before its error.
+fn finish(
+    mode: Mode,
+    result: hsxfer::Result<TransferReport>,
+    settled: &Settled,
+    live: &LiveStats,
+) -> anyhow::Result<bool> {
+    let mut r = result.inspect_err(|_| warn_of_set_up(mode, live))?;
+    r.tuning.notes.splice(0..0, settled.notes.iter().cloned());
+    tune::learn(&settled.profiled, &mut r);
     output::summary(mode, &r);
     Ok(r.verified)
+}
+
+/// A failed or stopped transfer's set-up notes (its settling's among them, added to `live`
+/// before it started), shown before its error: the summary that would have carried them
+/// never comes.
+fn warn_of_set_up(mode: Mode, live: &LiveStats) {
+    output::warnings(mode, &live.notes());
 }

@@ -9,7 +9,10 @@ use super::output::Mode;
 use super::probe::{print_probe, Saved};
 
 /// Settles `opts` (see [`settle::settle`]), printing the probe that ran first (with
-/// `connection`, the options that reach the server, in its recommended command) and warnings.
+/// `connection`, the options that reach the server, in its recommended command). Returns
+/// the warnings (an unreadable profile, a probe's profile that could not be saved) as notes
+/// of the transfer: they are shown with its other notes (`warning` events with `--json`)
+/// and listed in its summary.
 pub async fn settle(
     source: Source,
     opts: &mut TransferOptions,
@@ -18,27 +21,31 @@ pub async fn settle(
     direction: Direction,
     mode: Mode,
     connection: &[String],
-) -> anyhow::Result<Profiled> {
+) -> anyhow::Result<(Profiled, Vec<String>)> {
     let (profiled, settled) = settle::settle(source, opts, fixed, target, direction).await?;
+    let mut notes = Vec::new();
     if let Some((report, saved)) = &settled.probe {
         let saved = match saved {
             Ok(p) => Saved::At(p.clone()),
             Err(e) => {
-                eprintln!("hsxfer: warning: {e}");
+                notes.push(client_note(e));
                 Saved::Failed
             }
         };
         print_probe(mode, target.0, report, &saved, connection);
     }
-    for w in &settled.warnings {
-        eprintln!("hsxfer: warning: {w}");
-    }
-    Ok(profiled)
+    notes.extend(settled.warnings.iter().map(client_note));
+    Ok((profiled, notes))
 }
 
-/// Saves what a finished transfer learned; a failure is a warning.
-pub fn learn(profiled: &Profiled, report: &TransferReport) {
+/// Saves what a finished transfer learned; a failure is a note of `report`.
+pub fn learn(profiled: &Profiled, report: &mut TransferReport) {
     if let Err(e) = profiled.learn(report) {
-        eprintln!("hsxfer: warning: {e}");
+        report.tuning.notes.push(client_note(e));
     }
+}
+
+/// A note of this host, worded as the transfer's own notes are.
+fn client_note(what: impl std::fmt::Display) -> String {
+    format!("client: {what}")
 }
