@@ -458,7 +458,8 @@ fn human_summary(r: &TransferReport) {
             c.cc.as_deref().unwrap_or("-"),
             c.send_buffer.map_or("-".into(), |b| match c.send_buffer_requested {
                 Some(r) => format!("{} (asked {})", fmt_bytes(b), fmt_bytes(r)),
-                None => format!("{} (auto)", fmt_bytes(b)),
+                // What the kernel's autotuning started from; it grows with the window.
+                None => format!("auto from {}", fmt_bytes(b)),
             }),
             c.pace_bps.map_or("-".into(), |p| fmt_rate(p as f64)),
             c.started_s.map_or("-".into(), |s| format!("{s:.3} s")),
