@@ -16,14 +16,13 @@ const BIN: &str = env!("CARGO_BIN_EXE_hsxfer");
 
 fn serve(root: &Path, port: u16) -> ServerProc {
     common::isolate_profiles();
-    let child = Command::new(BIN)
-        .args(["serve", "--no-auth", "--port", &port.to_string(), "--root"])
-        .arg(root)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let server = ServerProc::logged(
+        Command::new(BIN)
+            .args(["serve", "--no-auth", "--port", &port.to_string(), "--root"])
+            .arg(root),
+    );
     wait_listening(port);
-    ServerProc(child)
+    server
 }
 
 fn hsxfer(args: &[&str]) -> Output {
@@ -76,18 +75,17 @@ fn resumes_after_the_server_was_killed(ns: Option<&common::netns::LoopbackNs>, t
         }
     };
     let serve = |root: &Path, port: u16| {
-        let child = run(BIN)
-            .args(["serve", "--no-auth", "--port", &port.to_string(), "--root"])
-            .arg(root)
-            .args(transport)
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let server = ServerProc::logged(
+            run(BIN)
+                .args(["serve", "--no-auth", "--port", &port.to_string(), "--root"])
+                .arg(root)
+                .args(transport),
+        );
         match ns {
             Some(ns) => ns.wait_listening(port),
             None => wait_listening(port),
         }
-        ServerProc(child)
+        server
     };
     let src = tempfile::tempdir().unwrap();
     let root = tempfile::tempdir().unwrap();
@@ -264,7 +262,7 @@ fn an_mptcp_server_and_its_copies_share_the_path_managers_limits() {
             &root.path().join(format!(".{to}.hsxfer-journal")),
             JOURNAL_WITH_ONE_RECORD,
         );
-        ServerProc(child)
+        ServerProc::new(child)
     };
     let interrupt = |mut copy: ServerProc| {
         kill(
@@ -528,7 +526,7 @@ fn a_servers_log_in_a_file_is_plain_text() {
         .stderr(fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    let server = ServerProc(child);
+    let server = ServerProc::new(child);
     wait_listening(port);
     // Its "serving" line is written after it listens.
     let deadline = Instant::now() + Duration::from_secs(30);

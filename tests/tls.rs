@@ -16,23 +16,22 @@ const BIN: &str = env!("CARGO_BIN_EXE_hsxfer");
 /// `hsxfer serve --no-auth` on `port` with its key in `key` and the given extra flags.
 fn serve(root: &Path, port: u16, key: &Path, extra: &[&str]) -> ServerProc {
     isolate_profiles();
-    let child = Command::new(BIN)
-        .args([
-            "serve",
-            "--no-auth",
-            "--port",
-            &port.to_string(),
-            "--key-file",
-        ])
-        .arg(key)
-        .arg("--root")
-        .arg(root)
-        .args(extra)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let server = ServerProc::logged(
+        Command::new(BIN)
+            .args([
+                "serve",
+                "--no-auth",
+                "--port",
+                &port.to_string(),
+                "--key-file",
+            ])
+            .arg(key)
+            .arg("--root")
+            .arg(root)
+            .args(extra),
+    );
     wait_listening(port);
-    ServerProc(child)
+    server
 }
 
 /// `hsxfer copy --no-auth --json` of `src` to the server on `port`, with extra flags.
@@ -218,17 +217,14 @@ fn a_server_that_fails_the_token_handshake_is_not_recorded() {
     let known = keys.path().join("known_servers");
     let port = free_port();
     isolate_profiles();
-    let _server = ServerProc(
+    let _server = ServerProc::logged(
         Command::new(BIN)
             .args(["serve", "--port", &port.to_string(), "--token-file"])
             .arg(&token)
             .arg("--key-file")
             .arg(keys.path().join("key"))
             .arg("--root")
-            .arg(root.path())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+            .arg(root.path()),
     );
     wait_listening(port);
     let push = |token: &Path| {

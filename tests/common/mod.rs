@@ -302,13 +302,35 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// An `hsxfer serve` process, killed when dropped.
-pub struct ServerProc(pub std::process::Child);
+/// An `hsxfer serve` process, killed when dropped. One started with [`ServerProc::logged`]
+/// keeps its stderr in a file and prints it when the test fails, so that a CI log says why
+/// a server did not start or ended a session.
+pub struct ServerProc(pub std::process::Child, Option<tempfile::NamedTempFile>);
+
+impl ServerProc {
+    /// A server whose stderr the caller chose (or discarded).
+    pub fn new(child: std::process::Child) -> ServerProc {
+        ServerProc(child, None)
+    }
+
+    /// Spawns `cmd` with its stderr kept for the failure message.
+    pub fn logged(cmd: &mut Command) -> ServerProc {
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let child = cmd.stderr(log.reopen().unwrap()).spawn().unwrap();
+        ServerProc(child, Some(log))
+    }
+}
 
 impl Drop for ServerProc {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+        if let Some(log) = self.1.as_ref().filter(|_| std::thread::panicking()) {
+            let text = fs::read_to_string(log.path()).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(40).collect();
+            eprintln!("--- the server's stderr, last {} lines:", tail.len());
+            tail.iter().rev().for_each(|l| eprintln!("{l}"));
+        }
     }
 }
 
@@ -344,14 +366,12 @@ pub fn limited_server_at(root: &Path, nofile: u32) -> (ServerProc, u16) {
 /// [`limited_server_at`] with more arguments for `hsxfer serve`.
 pub fn limited_server_with(root: &Path, nofile: u32, args: &[&str]) -> (ServerProc, u16) {
     let port = free_port();
-    let child = limited_to(nofile)
-        .args(["serve", "--no-auth", "--port", &port.to_string(), "--root"])
-        .arg(root)
-        .args(args)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let server = ServerProc(child);
+    let server = ServerProc::logged(
+        limited_to(nofile)
+            .args(["serve", "--no-auth", "--port", &port.to_string(), "--root"])
+            .arg(root)
+            .args(args),
+    );
     wait_listening(port);
     (server, port)
 }
