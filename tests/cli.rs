@@ -1328,17 +1328,15 @@ fn probe_and_profiles_give_one_line_errors_and_warnings() {
     let profiles = cache.join("hsxfer").join("profiles");
     fs::create_dir_all(&profiles).unwrap();
     let file = profiles.join(format!("127.0.0.1_{port}_push.json"));
-    fs::write(&file, "{\"server\": 12").unwrap();
-    let out = hsxfer(&[
-        "bench",
-        "--no-auth",
-        "--port",
-        &p,
-        "--size",
-        "4M",
-        "127.0.0.1",
-    ]);
-    assert!(out.status.success(), "{out:?}");
+    // A 4 MiB bench after the profile was spoilt, with `extra` flags.
+    let bench_on_corrupt = |extra: &[&str]| {
+        fs::write(&file, "{\"server\": 12").unwrap();
+        let common = ["bench", "--no-auth", "--port", &p, "--size", "4M"];
+        let out = hsxfer(&[&common[..], extra, &["127.0.0.1"]].concat());
+        assert!(out.status.success(), "{out:?}");
+        out
+    };
+    let out = bench_on_corrupt(&[]);
     let err = String::from_utf8_lossy(&out.stderr);
     // Beside the note of this first contact: the probe refused above for its budget was
     // refused before connecting, and recorded no key.
@@ -1355,18 +1353,7 @@ fn probe_and_profiles_give_one_line_errors_and_warnings() {
         "{err}"
     );
     // With --json it is a `warning` event and one of the summary's notes.
-    fs::write(&file, "{\"server\": 12").unwrap();
-    let out = hsxfer(&[
-        "bench",
-        "--no-auth",
-        "--json",
-        "--port",
-        &p,
-        "--size",
-        "4M",
-        "127.0.0.1",
-    ]);
-    assert!(out.status.success(), "{out:?}");
+    let out = bench_on_corrupt(&["--json"]);
     let events: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -1635,22 +1622,26 @@ fn a_copy_that_never_connects_keeps_the_last_trace() {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("src.bin");
     random_file(&src, 8 << 20, 3);
-    let (kept, fresh) = (dir.path().join("kept.csv"), dir.path().join("fresh.csv"));
-    fs::write(&kept, "last run's trace\n").unwrap();
-    let closed = free_port().to_string();
-    for trace in [&kept, &fresh] {
-        let out = hsxfer(&[
-            "copy",
-            "--no-auth",
-            "--port",
-            &closed,
-            "--trace",
+    let copy = |port: u16, trace: &Path| {
+        let port = port.to_string();
+        let rest = [
             trace.to_str().unwrap(),
             src.to_str().unwrap(),
             "127.0.0.1:x",
-        ]);
-        assert!(!out.status.success());
-    }
+        ];
+        hsxfer(
+            &[
+                &["copy", "--no-auth", "--port", &port, "--trace"],
+                &rest[..],
+            ]
+            .concat(),
+        )
+    };
+    let (kept, fresh) = (dir.path().join("kept.csv"), dir.path().join("fresh.csv"));
+    fs::write(&kept, "last run's trace\n").unwrap();
+    let closed = free_port();
+    assert!(!copy(closed, &kept).status.success());
+    assert!(!copy(closed, &fresh).status.success());
     assert_eq!(fs::read_to_string(&kept).unwrap(), "last run's trace\n");
     assert!(
         !fresh.exists(),
@@ -1660,21 +1651,8 @@ fn a_copy_that_never_connects_keeps_the_last_trace() {
     fs::create_dir(&root).unwrap();
     let port = free_port();
     let _server = serve(&root, port);
-    let out = hsxfer(&[
-        "copy",
-        "--no-auth",
-        "--port",
-        &port.to_string(),
-        "--trace",
-        kept.to_str().unwrap(),
-        src.to_str().unwrap(),
-        "127.0.0.1:x",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = copy(port, &kept);
+    assert!(out.status.success(), "{out:?}");
     let text = fs::read_to_string(&kept).unwrap();
     assert!(text.starts_with("t_s,channel,cwnd,"), "{text}");
     assert!(text.lines().count() > 1, "{text}");
