@@ -53,6 +53,15 @@ pub enum DestError {
     /// A device, FIFO or descriptor target takes exactly one file.
     #[error("'{0}' is a device, FIFO or open descriptor: it takes exactly one file")]
     StreamNeedsOneFile(String),
+    /// A directory of the tree could not be made (a read-only parent, copied as such by an
+    /// earlier copy, refuses it to anyone but root).
+    #[error("cannot create directory '{path}': {source}")]
+    MakeDir {
+        /// The directory.
+        path: String,
+        /// The error.
+        source: io::Error,
+    },
     /// I/O error.
     #[error("{path}: {source}")]
     Io {
@@ -286,7 +295,10 @@ impl Destination {
                 Ok(())
             }
             Some(_) => Err(DestError::KindClash(path.display().to_string())),
-            None => at::mkdir(&dir, name).map_err(io_err(path)),
+            None => at::mkdir(&dir, name).map_err(|source| DestError::MakeDir {
+                path: path.display().to_string(),
+                source,
+            }),
         }
     }
 
@@ -350,6 +362,46 @@ fn rename_layout(p: &Path, dst: &str) -> Result<Layout, DestError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Makes `dir` refuse new entries even to root (`chattr +i`) for as long as it lives.
+    struct Immutable<'a>(&'a Path);
+
+    impl Drop for Immutable<'_> {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("chattr")
+                .arg("-i")
+                .arg(self.0)
+                .status();
+        }
+    }
+
+    #[test]
+    fn a_directory_that_cannot_be_made_is_named_as_one() {
+        let t = tempfile::tempdir().unwrap();
+        let ro = t.path().join("ro");
+        fs::create_dir(&ro).unwrap();
+        // Read-only, as a 0555 directory an earlier copy made is to anyone but root.
+        let _immutable = if nix::unistd::geteuid().is_root() {
+            let set = std::process::Command::new("chattr")
+                .arg("+i")
+                .arg(&ro)
+                .status();
+            assert!(set.unwrap().success(), "chattr +i {}", ro.display());
+            Some(Immutable(&ro))
+        } else {
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(&ro, fs::Permissions::from_mode(0o555)).unwrap();
+            None
+        };
+        let s = Scope::confined(t.path()).unwrap();
+        let d = Destination::resolve(s, "ro", 1).unwrap();
+        let e = d.make_dir(&ro.join("sub")).unwrap_err().to_string();
+        assert!(e.starts_with("cannot create directory '"), "{e}");
+        assert!(
+            e.contains("ro/sub") && (e.contains("not permitted") || e.contains("denied")),
+            "{e}"
+        );
+    }
 
     #[test]
     fn cp_semantics() {
