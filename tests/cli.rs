@@ -1616,19 +1616,15 @@ fn the_help_names_every_bundled_congestion_control() {
 }
 
 /// A copy that cannot connect leaves the last run's `--trace` file as it was and makes no
-/// new one; a copy that runs replaces it with its own trace.
+/// new one; a copy that runs replaces it with its own trace, and writes one to a device.
 #[test]
 fn a_copy_that_never_connects_keeps_the_last_trace() {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("src.bin");
     random_file(&src, 8 << 20, 3);
-    let copy = |port: u16, trace: &Path| {
+    let copy = |port: u16, trace: &Path, dest: &str| {
         let port = port.to_string();
-        let rest = [
-            trace.to_str().unwrap(),
-            src.to_str().unwrap(),
-            "127.0.0.1:x",
-        ];
+        let rest = [trace.to_str().unwrap(), src.to_str().unwrap(), dest];
         hsxfer(
             &[
                 &["copy", "--no-auth", "--port", &port, "--trace"],
@@ -1640,8 +1636,8 @@ fn a_copy_that_never_connects_keeps_the_last_trace() {
     let (kept, fresh) = (dir.path().join("kept.csv"), dir.path().join("fresh.csv"));
     fs::write(&kept, "last run's trace\n").unwrap();
     let closed = free_port();
-    assert!(!copy(closed, &kept).status.success());
-    assert!(!copy(closed, &fresh).status.success());
+    assert!(!copy(closed, &kept, "127.0.0.1:x").status.success());
+    assert!(!copy(closed, &fresh, "127.0.0.1:x").status.success());
     assert_eq!(fs::read_to_string(&kept).unwrap(), "last run's trace\n");
     assert!(
         !fresh.exists(),
@@ -1651,7 +1647,10 @@ fn a_copy_that_never_connects_keeps_the_last_trace() {
     fs::create_dir(&root).unwrap();
     let port = free_port();
     let _server = serve(&root, port);
-    let out = copy(port, &kept);
+    let out = copy(port, &kept, "127.0.0.1:x");
+    assert!(out.status.success(), "{out:?}");
+    // A trace to a device is written, not truncated first (which a device refuses).
+    let out = copy(port, Path::new("/dev/null"), "127.0.0.1:y");
     assert!(out.status.success(), "{out:?}");
     let text = fs::read_to_string(&kept).unwrap();
     assert!(text.starts_with("t_s,channel,cwnd,"), "{text}");

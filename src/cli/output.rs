@@ -92,8 +92,8 @@ pub fn start(mode: Mode, operation: &str, host: &str, channels: u16, block_size:
 /// The CSV header of a `--trace` file.
 const TRACE_HEADER: &str = "t_s,channel,cwnd,ssthresh,rtt_us,min_rtt_us,ca_state,retrans,total_retrans,delivery_rate_bps,pacing_rate_bps,bytes_acked,delivered,busy_us,rwnd_limited_us,sndbuf_limited_us,notsent_bytes,snd_wnd";
 
-/// Writes `--trace` samples as CSV. A file that already holds a trace is replaced only once
-/// the first samples come, so a copy that fails to connect leaves the last run's trace as it
+/// Writes `--trace` samples as CSV (to a file, a FIFO or a device). A file that already holds
+/// a trace is replaced only once the first samples come, so a copy that fails to connect leaves the last run's trace as it
 /// was; a file made for this run and never written is removed.
 struct TraceWriter {
     path: PathBuf,
@@ -128,7 +128,11 @@ impl TraceWriter {
             return Ok(());
         }
         if !self.started {
-            self.file.get_ref().set_len(0)?;
+            // Only a regular file holds an earlier trace; a FIFO or a device (`/dev/stderr`)
+            // cannot be truncated and needs not be.
+            if self.file.get_ref().metadata()?.is_file() {
+                self.file.get_ref().set_len(0)?;
+            }
             writeln!(self.file, "{TRACE_HEADER}")?;
             self.started = true;
         }
